@@ -1,0 +1,206 @@
+"""Boards: a TVM RPC tracker and the rpc_server processes registered under a key.
+
+`LocalBoard` starts the same processes our users run on their racks
+(`python -m tvm.exec.rpc_tracker`, `python -m tvm.exec.rpc_server --tracker ... --key ...`)
+on 127.0.0.1, so the pipeline measures through exactly the code path it uses at night.
+The processes are recorded in a JSON state file so `vta-pipeline board status|down` can
+find them from another shell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import BoardError
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def tracker_summary(host: str, port: int) -> dict[str, Any]:
+    """What `python -m tvm.exec.query_rpc_tracker` shows, as a dict."""
+    from tvm import rpc
+
+    if not port_open(host, port):
+        raise BoardError(tracker_down_message(host, port))
+    return rpc.connect_tracker(host, port).summary()
+
+
+def tracker_down_message(host: str, port: int) -> str:
+    return (
+        f"no RPC tracker answers at {host}:{port}. Start one with "
+        f"`python -m tvm.exec.rpc_tracker --host {host} --port {port}` (or `vta-pipeline board up`), "
+        "or run without --tracker to use a local board"
+    )
+
+
+def count_servers(host: str, port: int, key: str) -> int:
+    """Servers (idle or busy) registered under `key`, as the tracker lists them."""
+    summary = tracker_summary(host, port)
+    return sum(1 for s in summary.get("server_info", []) if s.get("key") == f"server:{key}")
+
+
+def preflight(host: str, port: int, key: str, wait_s: float = 10.0) -> int:
+    """Fail fast (before any expensive step) if the tracker or the key's boards are missing."""
+    deadline = time.time() + wait_s
+    while True:
+        n = count_servers(host, port, key)
+        if n > 0:
+            return n
+        if time.time() > deadline:
+            summary = tracker_summary(host, port)
+            keys = ", ".join(sorted(summary.get("queue_info", {}))) or "none"
+            raise BoardError(
+                f"the tracker at {host}:{port} has no boards under key {key!r} (keys present: {keys}). "
+                f"Start one with `python -m tvm.exec.rpc_server --tracker {host}:{port} --key {key}`"
+            )
+        time.sleep(0.5)
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The two tables `python -m tvm.exec.query_rpc_tracker` prints."""
+    lines = ["Server List", "-" * 40, "server-address         key"]
+    for s in summary.get("server_info", []):
+        addr = s.get("addr", ["?", "?"])
+        lines.append(f"{addr[0] + ':' + str(addr[1]):<23}{s.get('key')}")
+    lines += ["", "Queue Status", "-" * 40, f"{'key':<16}{'total':>6}{'free':>6}{'pending':>8}"]
+    for key, q in sorted(summary.get("queue_info", {}).items()):
+        total = sum(1 for s in summary.get("server_info", []) if s.get("key") == f"server:{key}")
+        lines.append(f"{key:<16}{total:>6}{int(q.get('free', 0)):>6}{int(q.get('pending', 0)):>8}")
+    return "\n".join(lines)
+
+
+@dataclass
+class LocalBoard:
+    """A tracker and N rpc_server processes on 127.0.0.1 (or another bind address)."""
+
+    key: str = "host"
+    num_servers: int = 2
+    host: str = "127.0.0.1"
+    port: int = 0
+    state_file: Path | None = None
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def tracker(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def _spawn(self, args: list[str]) -> subprocess.Popen:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        return subprocess.Popen(
+            [sys.executable, "-m", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,  # Ctrl-C in the terminal goes to us, we stop them in order
+        )
+
+    def start(self, timeout: float = 60.0) -> LocalBoard:
+        if not self.port:
+            self.port = free_port(self.host)
+        self.procs.append(
+            self._spawn(["tvm.exec.rpc_tracker", "--host", self.host, "--port", str(self.port), "--port-end", str(self.port + 1)])
+        )
+        deadline = time.time() + timeout
+        while not port_open(self.host, self.port, 0.5):
+            if self.procs[0].poll() is not None or time.time() > deadline:
+                self.stop()
+                raise BoardError(f"the local RPC tracker did not start on {self.tracker}")
+            time.sleep(0.2)
+        for _ in range(self.num_servers):
+            self.add_server()
+        while True:
+            try:
+                if count_servers(self.host, self.port, self.key) >= self.num_servers:
+                    break
+            except Exception:
+                pass
+            if time.time() > deadline:
+                self.stop()
+                raise BoardError(f"the local rpc servers did not register with the tracker at {self.tracker}")
+            time.sleep(0.3)
+        self._save()
+        return self
+
+    def add_server(self) -> subprocess.Popen:
+        p = self._spawn(
+            ["tvm.exec.rpc_server", "--tracker", self.tracker, "--key", self.key, "--host", self.host, "--port", "9090", "--port-end", "9999"]
+        )
+        self.procs.append(p)
+        return p
+
+    @property
+    def servers(self) -> list[subprocess.Popen]:
+        return self.procs[1:]
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            _terminate(p.pid)
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self.procs.clear()
+        if self.state_file and self.state_file.exists():
+            self.state_file.unlink()
+
+    def _save(self) -> None:
+        if self.state_file:
+            self.state_file.parent.mkdir(parents=True, exist_ok=True)
+            self.state_file.write_text(
+                json.dumps({"tracker": self.tracker, "key": self.key, "pids": [p.pid for p in self.procs]})
+            )
+
+    def __enter__(self) -> LocalBoard:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _terminate(pid: int) -> None:
+    """Stop a process group started by LocalBoard (rpc_server forks workers)."""
+    for sig in (signal.SIGTERM,):
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def stop_from_state(state_file: Path) -> dict[str, Any] | None:
+    """`board down`: stop the processes a detached `board up` recorded."""
+    if not state_file.exists():
+        return None
+    state = json.loads(state_file.read_text())
+    for pid in reversed(state["pids"]):
+        _terminate(pid)
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    state_file.unlink()
+    return state

@@ -1,0 +1,150 @@
+"""Typed, validated configuration of a pipeline run.
+
+Every step reads one of these small pydantic models; each field has a default and a
+description (shown by `--help` and in error messages). A config file (`--config`, JSON or
+TOML) holds the same fields as the CLI flags, grouped by section; unknown keys and wrong
+types are rejected with the offending key named.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Strict):
+    source: Literal["builtin", "torchvision", "gluon", "onnx"] = Field(
+        "builtin", description="Where the network comes from."
+    )
+    name: str = Field("tinynet", description="Model name (torchvision / Gluon model zoo / built-in).")
+    path: Path | None = Field(None, description="The .onnx file, for source=onnx.")
+    input_shape: tuple[int, ...] | None = Field(
+        None, description="Input shape NCHW; default 1x3x224x224 (299 for inception_v3)."
+    )
+    input_name: str = Field("data", description="Input tensor name (ONNX / Gluon).")
+    pretrained: bool = Field(False, description="Load pretrained weights (needs network access).")
+    seed: int = Field(0, description="Seed of random weights and of the evaluation input.")
+
+    @field_validator("input_shape")
+    @classmethod
+    def _shape(cls, v):
+        if v is not None and (len(v) != 4 or any(d <= 0 for d in v)):
+            raise ValueError(f"input shape must be 4 positive dims N,C,H,W, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _onnx_path(self):
+        if self.source == "onnx" and self.path is None:
+            raise ValueError("source 'onnx' needs a path: pass --onnx-path FILE.onnx")
+        return self
+
+
+class TuneConfig(_Strict):
+    trials_per_task: int = Field(16, gt=0, description="Measured trials per tuning task.")
+    trials_per_batch: int = Field(8, gt=0, description="Candidates measured per search round.")
+    cost_model: Literal["xgb", "random"] = Field("xgb", description="MetaSchedule cost model.")
+    search: Literal["evolutionary", "replay-trace"] = Field("evolutionary", description="Search strategy.")
+    early_stopping: int | None = Field(
+        None, gt=0, description="Stop a task after this many trials without improvement."
+    )
+    task_filter: Literal["all", "conv2d"] = Field(
+        "all", description="Which extracted tasks to tune (VTA recipe: conv2d only)."
+    )
+    builder_timeout_s: float = Field(120.0, gt=0, description="Per-candidate build timeout.")
+    seed: int = Field(0, description="Search seed.")
+
+
+class MeasureConfig(_Strict):
+    """How candidates are timed on the board while tuning."""
+
+    number: int = Field(5, gt=0, description="Runs averaged into one measurement.")
+    repeat: int = Field(1, gt=0, description="Measurements per candidate.")
+    min_repeat_ms: int = Field(0, ge=0, description="Minimum duration of one repeat (GPUs).")
+    timeout_s: int = Field(60, gt=0, description="RPC session timeout per measurement.")
+    enable_cpu_cache_flush: bool = Field(False, description="Flush caches between runs (CPUs).")
+
+
+class EvalConfig(_Strict):
+    number: int = Field(1, gt=0, description="Runs per timed repeat.")
+    repeat: int = Field(10, gt=0, description="Timed repeats (mean/std/median over these).")
+    rtol: float = Field(1e-3, gt=0, description="Relative tolerance of the output check.")
+    atol: float = Field(1e-3, gt=0, description="Absolute tolerance of the output check.")
+
+
+class BoardConfig(_Strict):
+    tracker: str | None = Field(
+        None, description="HOST:PORT of the RPC tracker; unset = start a local board on 127.0.0.1."
+    )
+    key: str = Field("host", description="Device key the boards register under.")
+    local_servers: int = Field(2, gt=0, description="rpc_server processes of the local board.")
+    max_boards: int | None = Field(None, gt=0, description="Use at most this many boards at once.")
+
+    @field_validator("tracker")
+    @classmethod
+    def _tracker(cls, v):
+        if v is not None:
+            parse_hostport(v)
+        return v
+
+    def address(self) -> tuple[str, int] | None:
+        return parse_hostport(self.tracker) if self.tracker else None
+
+
+class PipelineConfig(_Strict):
+    model: ModelConfig = ModelConfig()
+    target: str = Field("host", description="Target preset name or TVM target JSON.")
+    tune: TuneConfig = TuneConfig()
+    measure: MeasureConfig = MeasureConfig()
+    evaluate: EvalConfig = EvalConfig()
+    board: BoardConfig = BoardConfig()
+    store: Path = Field(Path("vta-store"), description="Artifact store directory.")
+
+
+def parse_hostport(s: str) -> tuple[str, int]:
+    host, sep, port = s.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"tracker address {s!r} is not HOST:PORT (e.g. 127.0.0.1:9190)")
+    return host, int(port)
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        text = path.read_text()
+        return tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"config file {path} is not valid {path.suffix[1:] or 'JSON'}: {e}") from e
+
+
+def build_config(file_values: dict[str, Any] | None, overrides: dict[str, Any], source: str = "") -> PipelineConfig:
+    """Merge a config file's sections with CLI overrides ({'tune.trials_per_task': 8, ...})."""
+    data: dict[str, Any] = json.loads(json.dumps(file_values or {}, default=str))
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        node = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            loc = ".".join(str(x) for x in err["loc"])
+            lines.append(f"  {loc}: {err['msg']}" + (f" (got {err['input']!r})" if "input" in err else ""))
+        where = f" in {source}" if source else ""
+        raise ConfigError("invalid configuration" + where + ":\n" + "\n".join(lines)) from None

@@ -1,0 +1,151 @@
+"""Step 2, extract tasks: the network's tuning tasks, with weights and conv2d workloads.
+
+Each task is one fused TIR function of the lowered network; its weight is how often it
+occurs. For conv2d tasks we also report the workload tuple the VTA recipe printed:
+(batch, height, width, in_filter, out_filter, kh, kw, pad_h, pad_w, stride_h, stride_w),
+read off the TIR itself (buffer shapes and the conv's input index expressions), so it is
+right for every frontend.
+
+Artifact: tasks.json (the table) and tasks/<i>.json (each task's TIR module), plus the
+lowered network (lowered.json) that the build step compiles.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+STEP = "extract"
+VERSION = 1
+
+WORKLOAD_FIELDS = (
+    "batch", "height", "width", "in_filter", "out_filter",
+    "kh", "kw", "pad_h", "pad_w", "stride_h", "stride_w",
+)  # fmt: skip
+
+
+@dataclass
+class TaskInfo:
+    index: int
+    name: str
+    weight: int
+    flops: float
+    file: str
+    workload_hash: str
+    op: str  # "conv2d", "depthwise_conv2d", "dense", ... or "other"
+    workload: list[int] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _int(e) -> int:
+    return int(e.value) if hasattr(e, "value") else int(e)
+
+
+def _linear(expr, block, axis: int):
+    """(coefficient of the block's iter var `axis`, constant term) of an index, or None.
+
+    The index is decomposed over all iter vars of the block (for a conv's input index
+    `yy * stride + ry * dilation` that gives the stride; for a pad block's `i - pad` the
+    constant gives the padding)."""
+    from tvm.sym.pattern import detect_linear_equation
+
+    vs = [iv.var for iv in block.iter_vars]
+    r = detect_linear_equation(expr, vs)
+    if len(r) != len(vs) + 1:
+        return None
+    try:
+        return _int(r[axis]), _int(r[-1])
+    except TypeError:
+        return None
+
+
+def conv2d_workload(prim_mod) -> tuple[str, list[int]] | None:
+    """Find the conv block of a fused TIR function and read its workload, or None."""
+    from tvm.s_tir import Schedule
+
+    sch = Schedule(prim_mod)
+    blocks = {sch.get(b).name_hint: sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))}
+    conv = next(
+        (b for n, b in blocks.items() if n.startswith(("conv2d_nchw", "group_conv2d_nchw", "DepthwiseConv2d"))),
+        None,
+    )
+    if conv is None:
+        return None
+    out = conv.writes[0].source
+    n, oc, oh, ow = (_int(d) for d in out.shape)
+    data_region, kernel_region = conv.reads[0], conv.reads[1]
+    kernel = kernel_region.source
+    ko, ki, kh, kw = (_int(d) for d in kernel.shape)
+    sh = (_linear(data_region.region[2].min, conv, 2) or (1, 0))[0]
+    sw = (_linear(data_region.region[3].min, conv, 3) or (1, 0))[0]
+    pad_h = pad_w = 0
+    c, h, w = (_int(d) for d in data_region.source.shape[1:])
+    pad_block = blocks.get(data_region.source.name) or next(
+        (b for nm, b in blocks.items() if b.writes and b.writes[0].source.same_as(data_region.source)), None
+    )
+    if pad_block is not None and pad_block.reads:
+        src = pad_block.reads[0]
+        h, w = (_int(d) for d in src.source.shape[2:])
+        c = _int(src.source.shape[1])
+        ly, lx = _linear(src.region[2].min, pad_block, 2), _linear(src.region[3].min, pad_block, 3)
+        pad_h = -ly[1] if ly else (_int(data_region.source.shape[2]) - h) // 2
+        pad_w = -lx[1] if lx else (_int(data_region.source.shape[3]) - w) // 2
+    op = "conv2d" if conv.name_hint.startswith("conv2d") else (
+        "depthwise_conv2d" if conv.name_hint.startswith("Depthwise") else "group_conv2d"
+    )
+    return op, [n, h, w, c, oc, kh, kw, pad_h, pad_w, sh, sw]
+
+
+def extract_tasks(imported_dir: Path, target_spec: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """Lower the imported network and write its tuning tasks into out_dir."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    from .hashing import sha256_json
+    from .importers import load_module
+    from .relax_pipeline import lower_for_tuning
+
+    target = tvm.target.Target(target_spec)
+    lowered = lower_for_tuning(load_module(imported_dir))
+    (out_dir / "lowered.json").write_text(tvm.ir.save_json(lowered))
+    extracted = ms.relax_integration.extract_tasks(lowered, target)
+    (out_dir / "tasks").mkdir()
+    infos: list[TaskInfo] = []
+    for i, t in enumerate(extracted):
+        text = tvm.ir.save_json(t.dispatched[0])
+        fname = f"tasks/{i:03d}.json"
+        (out_dir / fname).write_text(text)
+        found = conv2d_workload(t.dispatched[0])
+        try:
+            flops = float(estimate_tir_flops(t.dispatched[0]))
+        except Exception:
+            flops = 0.0
+        infos.append(
+            TaskInfo(
+                index=i,
+                name=t.task_name,
+                weight=int(t.weight),
+                flops=flops,
+                file=fname,
+                workload_hash=sha256_json(text)[:16],
+                op=found[0] if found else ("dense" if "matmul" in t.task_name or "dense" in t.task_name else "other"),
+                workload=found[1] if found else None,
+            )
+        )
+    (out_dir / "tasks.json").write_text(json.dumps([t.to_dict() for t in infos], indent=1))
+    return {"num_tasks": len(infos), "num_conv2d": sum(t.workload is not None for t in infos)}
+
+
+def load_tasks(extract_dir: Path) -> list[TaskInfo]:
+    return [TaskInfo(**d) for d in json.loads((Path(extract_dir) / "tasks.json").read_text())]
+
+
+def select_tasks(tasks: list[TaskInfo], task_filter: str) -> list[TaskInfo]:
+    if task_filter == "conv2d":
+        return [t for t in tasks if t.op in ("conv2d", "depthwise_conv2d", "group_conv2d")]
+    return list(tasks)

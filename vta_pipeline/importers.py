@@ -1,0 +1,228 @@
+"""Step 1, fetch model: a network from its framework into a Relax module plus params.
+
+The artifact is framework-neutral and small to reload:
+  module.json    the Relax IRModule (tvm.ir.save_json) with weights as function inputs
+  params.npz     the weights, in the order of the function's parameters after the inputs
+  reference.npz  a seeded input and the source framework's output for it; the evaluate
+                 step checks the tuned build on the board against this
+Keeping the weights out of the JSON keeps it small; later steps bind them as constants
+(the deployed form, which is also the form we tune: weights passed as inputs change the
+kernels).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import ModelConfig
+from .errors import ModelError
+from .models import BUILTIN, build_builtin
+
+STEP = "fetch"
+VERSION = 1
+
+
+def default_input_shape(cfg: ModelConfig) -> tuple[int, ...]:
+    if cfg.input_shape:
+        return tuple(cfg.input_shape)
+    if cfg.source == "builtin":
+        return build_builtin(cfg.name)[1]
+    return (1, 3, 299, 299) if "inception" in cfg.name else (1, 3, 224, 224)
+
+
+def _no_such_model(kind: str, name: str, choices: list[str]) -> ModelError:
+    close = difflib.get_close_matches(name, choices, n=4, cutoff=0.5)
+    hint = f" Close matches: {', '.join(close)}." if close else ""
+    return ModelError(f"unknown {kind} model {name!r}.{hint} `vta-pipeline models --source {kind}` lists them all.")
+
+
+def list_models(source: str) -> list[str]:
+    if source == "builtin":
+        return sorted(BUILTIN)
+    if source == "torchvision":
+        import torchvision
+
+        return sorted(torchvision.models.list_models(module=torchvision.models))
+    if source == "gluon":
+        from mxnet.gluon.model_zoo import vision
+
+        return sorted(vision._models)  # the zoo's own registry of names
+    return []
+
+
+def check_model(cfg: ModelConfig) -> None:
+    """Cheap validation before any expensive work: the model exists, the file is there."""
+    if cfg.source == "onnx":
+        p = Path(cfg.path)
+        if not p.is_file():
+            raise ModelError(f"ONNX file {p} does not exist: pass an existing file with --onnx-path")
+        return
+    names = list_models(cfg.source)
+    if cfg.name not in names:
+        raise _no_such_model(cfg.source, cfg.name, names)
+
+
+def _input(cfg: ModelConfig, shape) -> np.ndarray:
+    return np.random.default_rng(cfg.seed).standard_normal(shape).astype("float32")
+
+
+def fetch_model(cfg: ModelConfig, out_dir: Path) -> dict[str, Any]:
+    """Import the model and write the artifact files into out_dir; returns the meta dict."""
+    check_model(cfg)
+    shape = default_input_shape(cfg)
+    x = _input(cfg, shape)
+    if cfg.source in ("builtin", "torchvision"):
+        mod, params, y = _from_torch(cfg, x)
+    elif cfg.source == "gluon":
+        mod, params, y = _from_gluon(cfg, x, out_dir)
+    else:
+        mod, params, y = _from_onnx(cfg, x, Path(cfg.path))
+    return _write(mod, params, x, y, out_dir, cfg, shape)
+
+
+def _write(mod, params: list[np.ndarray], x, y, out_dir: Path, cfg: ModelConfig, shape) -> dict[str, Any]:
+    import tvm
+
+    func = mod["main"]
+    names = [str(p.name) for p in func.params]
+    num_input = int(func.attrs["num_input"]) if func.attrs and "num_input" in func.attrs else len(names) - len(params)
+    (out_dir / "module.json").write_text(tvm.ir.save_json(mod))
+    np.savez(out_dir / "params.npz", **{f"p{i}": p for i, p in enumerate(params)})
+    np.savez(out_dir / "reference.npz", input=x, output=y)
+    return {
+        "source": cfg.source,
+        "model": cfg.name if cfg.source != "onnx" else str(cfg.path),
+        "input_name": names[0],
+        "input_shape": list(shape),
+        "output_shape": list(y.shape),
+        "num_input": num_input,
+        "param_names": names[num_input:],
+        "num_params": int(sum(p.size for p in params)),
+    }
+
+
+def _from_torch(cfg: ModelConfig, x: np.ndarray):
+    import torch
+    from tvm.relax.frontend import detach_params
+    from tvm.relax.frontend.torch import from_exported_program
+
+    torch.manual_seed(cfg.seed)
+    if cfg.source == "builtin":
+        model, _ = build_builtin(cfg.name)
+    else:
+        import torchvision
+
+        kwargs: dict[str, Any] = {"weights": "DEFAULT" if cfg.pretrained else None}
+        if cfg.name.startswith("inception"):
+            kwargs["aux_logits"] = cfg.pretrained  # aux head only exists to load pretrained weights
+            kwargs["init_weights"] = not cfg.pretrained
+        try:
+            model = torchvision.models.get_model(cfg.name, **kwargs)
+        except (OSError, RuntimeError) as e:  # urllib errors are OSErrors
+            raise ModelError(
+                f"could not load pretrained weights of torchvision {cfg.name!r}: {e}. "
+                "Without network access, drop --pretrained (random weights)."
+            ) from None
+    model.eval()
+    xt = torch.from_numpy(x)
+    with torch.no_grad():
+        y = model(xt).numpy()
+        try:
+            ep = torch.export.export(model, (xt,))
+        except Exception as e:
+            raise ModelError(f"torch.export failed for {cfg.source} model {cfg.name!r}: {e}") from None
+    try:
+        mod = from_exported_program(ep, keep_params_as_input=True, unwrap_unit_return_tuple=True)
+    except Exception as e:
+        raise ModelError(f"TVM's PyTorch frontend cannot import {cfg.name!r}: {e}") from None
+    mod, params = detach_params(mod)
+    return mod, [p.numpy() for p in params.get("main", [])], y
+
+
+def _from_onnx(cfg: ModelConfig, x: np.ndarray, path: Path):
+    import onnx
+    from tvm.relax.frontend import detach_params
+    from tvm.relax.frontend.onnx import from_onnx
+
+    try:
+        model = onnx.load(str(path))
+        onnx.checker.check_model(model)
+    except Exception as e:
+        raise ModelError(f"{path} is not a readable ONNX model: {e}") from None
+    init_names = {i.name for i in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in init_names]
+    if len(inputs) != 1:
+        raise ModelError(f"{path}: expected one graph input, found {[i.name for i in inputs]}")
+    inp = inputs[0]
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in inp.type.tensor_type.shape.dim]
+    if len(dims) != len(x.shape) or any(d is not None and d != s for d, s in zip(dims, x.shape)):
+        raise ModelError(
+            f"{path}: input {inp.name!r} has shape {dims} but --input-shape is {list(x.shape)}; "
+            "pass the model's shape with --input-shape"
+        )
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    y = sess.run(None, {inp.name: x})[0]
+    try:
+        mod = from_onnx(model, shape_dict={inp.name: list(x.shape)}, keep_params_in_input=True)
+    except Exception as e:
+        raise ModelError(f"TVM's ONNX frontend cannot import {path}: {e}") from None
+    mod, params = detach_params(mod)
+    return mod, [p.numpy() for p in params.get("main", [])], y
+
+
+def _from_gluon(cfg: ModelConfig, x: np.ndarray, out_dir: Path):
+    """Gluon model zoo -> ONNX (MXNet's exporter) -> Relax. The ONNX file is kept."""
+    import mxnet as mx
+    from mxnet.gluon.model_zoo import vision
+
+    mx.random.seed(cfg.seed)
+    net = vision.get_model(cfg.name, pretrained=cfg.pretrained)
+    if not cfg.pretrained:
+        net.initialize(mx.init.Xavier())
+    net.hybridize()
+    y = net(mx.nd.array(x)).asnumpy()
+    tmp = out_dir / "_export"
+    tmp.mkdir()
+    net.export(str(tmp / "model"))
+    onnx_path = out_dir / "model.onnx"
+    mx.onnx.export_model(
+        str(tmp / "model-symbol.json"),
+        str(tmp / "model-0000.params"),
+        [x.shape],
+        np.float32,
+        str(onnx_path),
+    )
+    for f in tmp.iterdir():
+        f.unlink()
+    tmp.rmdir()
+    mod, params, _ = _from_onnx(cfg, x, onnx_path)
+    return mod, params, y
+
+
+# ---- reading the artifact back ---------------------------------------------------------------
+def load_module(art_dir: Path, bind_params: bool = True):
+    """The imported module, with weights bound as constants (the deployed form)."""
+    import tvm
+    from tvm import relax
+
+    art_dir = Path(art_dir)
+    mod = tvm.ir.load_json((art_dir / "module.json").read_text())
+    if not bind_params:
+        return mod
+    meta = json.loads((art_dir / "manifest.json").read_text())["meta"]
+    with np.load(art_dir / "params.npz") as npz:
+        params = [npz[f"p{i}"] for i in range(len(npz.files))]
+    binding = {n: tvm.runtime.tensor(p) for n, p in zip(meta["param_names"], params)}
+    return relax.transform.BindParams("main", binding)(mod)
+
+
+def load_reference(art_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    with np.load(Path(art_dir) / "reference.npz") as npz:
+        return npz["input"], npz["output"]
