@@ -1,0 +1,1 @@
+"""Thin Prefect tasks over `vta_pipeline.steps`: caching, retries, progress, nothing else."""

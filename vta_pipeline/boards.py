@@ -158,9 +158,10 @@ class LocalBoard:
             _terminate(p.pid)
         for p in self.procs:
             try:
-                p.wait(timeout=10)
+                p.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                pass
+                _terminate(p.pid, signal.SIGKILL)
+                p.wait(timeout=5)
         self.procs.clear()
         if self.state_file and self.state_file.exists():
             self.state_file.unlink()
@@ -179,16 +180,15 @@ class LocalBoard:
         self.stop()
 
 
-def _terminate(pid: int) -> None:
-    """Stop a process group started by LocalBoard (rpc_server forks workers)."""
-    for sig in (signal.SIGTERM,):
+def _terminate(pid: int, sig: int = signal.SIGTERM) -> None:
+    """Signal a process group started by LocalBoard (rpc_server forks workers)."""
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
         try:
-            os.killpg(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def stop_from_state(state_file: Path) -> dict[str, Any] | None:
@@ -198,9 +198,8 @@ def stop_from_state(state_file: Path) -> dict[str, Any] | None:
     state = json.loads(state_file.read_text())
     for pid in reversed(state["pids"]):
         _terminate(pid)
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    time.sleep(1.0)
+    for pid in state["pids"]:
+        _terminate(pid, signal.SIGKILL)
     state_file.unlink()
     return state

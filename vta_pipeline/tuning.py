@@ -237,9 +237,12 @@ def _known_hashes(db, workload_mod) -> set[int]:
     return out
 
 
-def _history(db) -> tuple[list[float], float, int]:
-    """Latencies (s) in record order, the best, and trials since the best."""
-    lats = [_mean_secs(r.run_secs) for r in _records(db)]
+def _history(work_dir: Path) -> tuple[list[float], float, int]:
+    """Latencies (s) in measurement order, the best, and trials since the best.
+
+    Read from our trial log: the database returns records sorted by latency, not in the
+    order they were measured."""
+    lats = [r["latency_ms"] / 1e3 if r.get("latency_ms") is not None else FAILED for r in read_trials(work_dir)]
     best, since = FAILED, 0
     for v in lats:
         if v < best:
@@ -279,7 +282,7 @@ def tune_task(
     workload_mod = tvm.ir.load_json(Path(task_file).read_text())
     db = ms.database.JSONDatabase(work_dir=str(work_dir))
     done = len(_records(db))
-    lats, best0, since0 = _history(db)
+    lats, best0, since0 = _history(work_dir)
     remaining = tune.trials_per_task - done
     state = read_state(work_dir)
     if state.get("status") == "finished" and state.get("budget", 0) >= tune.trials_per_task:
@@ -358,8 +361,8 @@ def tune_task(
             )
     else:
         stopped = state.get("stopped", "budget")
-    lats, best, _ = _history(db)
-    trials = len(lats)
+    lats, best, _ = _history(work_dir)
+    trials = max(len(lats), len(_records(db)))
     write_state(work_dir, status="finished", task=task_name, budget=tune.trials_per_task, done=trials, stopped=stopped)
     curve, b = [], FAILED
     for i, v in enumerate(lats, 1):

@@ -1,0 +1,126 @@
+"""Flow `tune_network`: fetch -> extract -> tune (one task run per task) -> pick best ->
+build -> upload + evaluate, untuned and tuned, then the result table.
+
+The int8 steps (quantize, graph pack) slot in between fetch and extract: each takes the
+previous network artifact's ref and returns a new one, which extract consumes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import ExitStack
+from typing import Any
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.logging import get_run_logger
+from prefect.runtime import flow_run
+
+from tasks.deploy import build, evaluate
+from tasks.model import extract_tasks, fetch_model
+from tasks.tune import pick_best, tune_task
+from vta_pipeline import boards, report
+from vta_pipeline.config import PipelineConfig, parse_hostport
+from vta_pipeline.extract import load_tasks, select_tasks
+from vta_pipeline.importers import check_model
+from vta_pipeline.store import ArtifactStore, CachePolicy
+from vta_pipeline.targets import resolve_target
+
+
+@flow(name="tune_network", log_prints=True)
+def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | None = None) -> dict[str, Any]:
+    """Tune a network on the boards behind a tracker; returns the run's result dict.
+
+    `config` is a PipelineConfig as JSON. Without a tracker in it, a local board (tracker +
+    rpc servers on 127.0.0.1) is started for the run. `stop_after` ("extract", "tune",
+    "build") ends the run early, for inspection.
+    """
+    logger = get_run_logger()
+    t0 = time.time()
+    cfg = PipelineConfig.model_validate(config)
+    target = resolve_target(cfg.target)  # bad target/model fail here, before any work
+    check_model(cfg.model)
+    store = ArtifactStore(cfg.store, CachePolicy(cache))
+    root = str(store.root)
+    key = cfg.board.key
+    with ExitStack() as stack:
+        if cfg.board.tracker is None:
+            logger.info("starting a local board: tracker + %d rpc servers on 127.0.0.1, key %r",
+                        cfg.board.local_servers, key)
+            local = stack.enter_context(boards.LocalBoard(key=key, num_servers=cfg.board.local_servers))
+            tracker = local.tracker
+        else:
+            tracker = cfg.board.tracker
+        host, port = parse_hostport(tracker)
+        n_boards = boards.preflight(host, port, key)
+        if cfg.board.max_boards:
+            n_boards = min(n_boards, cfg.board.max_boards)
+        logger.info("tracker %s: %d board(s) under key %r", tracker, n_boards, key)
+
+        fetched = fetch_model(root, cfg.model.model_dump(mode="json"), cache)
+        extracted = extract_tasks(root, fetched, cfg.target, cache)
+        tasks = select_tasks(load_tasks(extracted["path"]), cfg.tune.task_filter)
+        logger.info("%d tuning task(s): %s", len(tasks), ", ".join(t.name for t in tasks))
+        if stop_after == "extract":
+            return {"tasks": [t.to_dict() for t in tasks]}
+
+        board = {"tracker_host": host, "tracker_port": port, "key": key, "num_boards": n_boards}
+        tuned_futures = tune_task.map(
+            root, extracted, [t.to_dict() for t in tasks], cfg.target, board,
+            cfg.tune.model_dump(mode="json"), cfg.measure.model_dump(mode="json"), cache,
+        )
+        tuned = [f.result() for f in tuned_futures]
+        best = pick_best(root, tuned, cfg.target, cache)
+        if stop_after == "tune":
+            return {"best": best}
+
+        untuned_lib = build(root, extracted, None, cfg.target, "untuned", cache)
+        tuned_lib = build(root, extracted, best, cfg.target, "tuned", cache)
+        if stop_after == "build":
+            return {"untuned": untuned_lib, "tuned": tuned_lib}
+        ev_cfg = cfg.evaluate.model_dump(mode="json")
+        ev_untuned = evaluate(root, untuned_lib, fetched, cfg.target, tracker, key, ev_cfg, "untuned", cache)
+        ev_tuned = evaluate(root, tuned_lib, fetched, cfg.target, tracker, key, ev_cfg, "tuned", cache)
+
+    def meta(ref):
+        return json.loads((store.root / "steps" / ref["step"] / ref["key"] / "manifest.json").read_text())["meta"]
+
+    by_name = {t.name: t for t in tasks}
+    task_results = []
+    for ref in tuned:
+        s = json.loads((store.root / "steps" / "tune" / ref["key"] / "summary.json").read_text())
+        info = by_name.get(s["task"])
+        s.update({"weight": info.weight if info else 1, "workload": info.workload if info else None})
+        task_results.append(s)
+    run_id = str(flow_run.get_id() or f"local-{int(t0)}")
+    result = report.make_result(run_id, cfg.model_dump(mode="json"), meta(fetched), task_results,
+                                meta(ev_untuned), meta(ev_tuned), time.time() - t0)
+    report.save_result(store, result)
+    _publish(result)
+    logger.info("\n%s", report.render(result))
+    if not result["tuned"]["correct"]:
+        raise RuntimeError(
+            f"the tuned build's output differs from the reference (max abs error "
+            f"{result['tuned']['max_abs_err']:.3e}); the build is kept in the store for inspection"
+        )
+    return result
+
+
+def _publish(result: dict[str, Any]) -> None:
+    """Result tables as Prefect artifacts (visible in the UI's Artifacts tab)."""
+    rows = [dict(zip(report.LATENCY_HEADER, r)) for r in report.latency_rows(result)]
+    create_table_artifact(rows, key="latency", description=f"untuned vs tuned latency of {result['model']}")
+    create_table_artifact(
+        [dict(zip(report.TASK_HEADER, r)) for r in report.task_rows(result)],
+        key="tuning-tasks",
+        description="per-task tuning results (best latency, GFLOPS, trials)",
+    )
+    create_markdown_artifact(
+        f"# {result['model']} on {result['board_key']}\n\n"
+        f"untuned {result['untuned']['mean_ms']:.3f} ms, tuned {result['tuned']['mean_ms']:.3f} ms "
+        f"(speed-up **{result['speedup']:.2f}x**); output check: "
+        f"{'passed' if result['tuned']['correct'] else 'FAILED'} "
+        f"(cosine {result['tuned']['cosine']:.6f}, max abs error {result['tuned']['max_abs_err']:.2e})",
+        key="evaluation",
+    )

@@ -1,0 +1,61 @@
+"""What every task wrapper shares: store-backed cache keys and the board-fault retry rule.
+
+Prefect's cache key for a step is the store's content key plus the id of the verified
+artifact it points at. When the store has no valid artifact (never computed, deleted or
+edited behind our back), the key function returns None: Prefect does not reuse a stale
+result and the task runs, recomputing through the store. Results are refs (paths and
+ids), never TVM objects or arrays.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from vta_pipeline.errors import BoardError
+from vta_pipeline.store import Artifact, ArtifactStore, CachePolicy
+from vta_pipeline.errors import ArtifactError
+
+KeyFn = Callable[[dict[str, Any]], tuple[ArtifactStore, str, str]]
+
+
+def open_store(root: str, policy: str = "on") -> ArtifactStore:
+    return ArtifactStore(Path(root), CachePolicy(policy))
+
+
+def store_cache_key(key_fn: KeyFn):
+    """Build a Prefect cache_key_fn from a function of the task's parameters."""
+
+    def cache_key(context, parameters: dict[str, Any]) -> str | None:
+        store, step, key = key_fn(parameters)
+        if store.policy not in (CachePolicy.ON, CachePolicy.READONLY):
+            return None
+        art = store.lookup(step, key)
+        return f"{step}-{key}-{art.id}" if art else None
+
+    return cache_key
+
+
+def artifact(store: ArtifactStore, ref: dict[str, str]) -> Artifact:
+    """Re-open an upstream artifact from its ref, verifying it is still intact."""
+    art = store.lookup(ref["step"], ref["key"])
+    if art is None:
+        raise ArtifactError(
+            f"artifact {ref['step']}/{ref['key']} in {store.root} is missing or corrupted; "
+            "rerun the flow: the step that produced it will recompute it"
+        )
+    return art
+
+
+def is_board_fault(task, task_run, state) -> bool:
+    """Retry only when the board or the tracker failed, never for bad input or bugs."""
+    try:
+        state.result()
+    except BoardError:
+        return True
+    except Exception:
+        return False
+    return False
+
+
+RETRY = {"retries": 2, "retry_delay_seconds": [10, 60], "retry_condition_fn": is_board_fault}

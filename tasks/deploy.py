@@ -1,0 +1,56 @@
+"""Prefect tasks for the deployment-side steps: build, upload + evaluate on a board."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import task
+
+from vta_pipeline import steps
+from vta_pipeline.config import EvalConfig
+from vta_pipeline.targets import resolve_target
+
+from .common import RETRY, artifact, open_store, store_cache_key
+
+
+def _build_key(p):
+    store = open_store(p["store_root"], p.get("cache", "on"))
+    best = p.get("best")
+    return store, "build", steps.build_key(
+        store, p["extracted"]["artifact_id"], best["artifact_id"] if best else None, resolve_target(p["target"])
+    )
+
+
+@task(name="build", task_run_name="build-{label}", cache_key_fn=store_cache_key(_build_key), persist_result=True)
+def build(store_root: str, extracted: dict[str, str], best: dict[str, str] | None, target: str,
+          label: str = "tuned", cache: str = "on") -> dict[str, str]:
+    store = open_store(store_root, cache)
+    best_art = artifact(store, best) if best else None
+    return steps.build_step(store, artifact(store, extracted), best_art, resolve_target(target)).ref()
+
+
+def _eval_key(p):
+    store = open_store(p["store_root"], p.get("cache", "on"))
+    return store, "evaluate", steps.evaluate_key(
+        store, p["built"]["artifact_id"], p["fetched"]["artifact_id"], EvalConfig(**p["evaluate"]), p["board_key"]
+    )
+
+
+@task(
+    name="upload-evaluate",
+    task_run_name="evaluate-{label}",
+    cache_key_fn=store_cache_key(_eval_key),
+    persist_result=True,
+    **RETRY,
+)
+def evaluate(store_root: str, built: dict[str, str], fetched: dict[str, str], target: str,
+             tracker: str, board_key: str, evaluate: dict[str, Any], label: str = "tuned",
+             cache: str = "on") -> dict[str, str]:
+    from vta_pipeline.config import parse_hostport
+
+    store = open_store(store_root, cache)
+    art = steps.evaluate_step(
+        store, artifact(store, built), artifact(store, fetched), resolve_target(target),
+        parse_hostport(tracker), board_key, EvalConfig(**evaluate),
+    )
+    return art.ref()

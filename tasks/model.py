@@ -1,0 +1,35 @@
+"""Prefect tasks for the network-level steps: fetch the model, extract its tasks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import task
+
+from vta_pipeline import steps
+from vta_pipeline.config import ModelConfig
+from vta_pipeline.targets import resolve_target
+
+from .common import artifact, open_store, store_cache_key
+
+
+def _fetch_key(p):
+    store = open_store(p["store_root"], p.get("cache", "on"))
+    return store, "fetch", steps.fetch_key(store, ModelConfig(**p["model"]))
+
+
+@task(name="fetch-model", cache_key_fn=store_cache_key(_fetch_key), persist_result=True)
+def fetch_model(store_root: str, model: dict[str, Any], cache: str = "on") -> dict[str, str]:
+    store = open_store(store_root, cache)
+    return steps.fetch_step(store, ModelConfig(**model)).ref()
+
+
+def _extract_key(p):
+    store = open_store(p["store_root"], p.get("cache", "on"))
+    return store, "extract", steps.extract_key(store, p["fetched"]["artifact_id"], resolve_target(p["target"]))
+
+
+@task(name="extract-tasks", cache_key_fn=store_cache_key(_extract_key), persist_result=True)
+def extract_tasks(store_root: str, fetched: dict[str, str], target: str, cache: str = "on") -> dict[str, str]:
+    store = open_store(store_root, cache)
+    return steps.extract_step(store, artifact(store, fetched), resolve_target(target)).ref()

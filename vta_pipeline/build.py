@@ -1,0 +1,50 @@
+"""Step 5, build: compile the whole network, with the best schedules or untuned.
+
+The tuned build applies the merged database to the same lowered module the tasks were
+extracted from (records are matched by the structure of each fused function), then
+compiles and exports one shared library for the target and host (cross-compiled when the
+preset names a cross compiler). The untuned build of the same module is the baseline.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+STEP = "build"
+VERSION = 1
+LIB = "model.so"
+
+
+def build_network(
+    extract_dir: Path,
+    target_spec: dict[str, Any],
+    out_dir: Path,
+    best_db_dir: Path | None = None,
+    cross_compiler: str | None = None,
+) -> dict[str, Any]:
+    import tvm
+    from tvm import relax
+
+    target = tvm.target.Target(target_spec)
+    mod = tvm.ir.load_json((Path(extract_dir) / "lowered.json").read_text())
+    applied = 0
+    if best_db_dir is not None:
+        from .records import open_db
+
+        db = open_db(best_db_dir)
+        with target, db:
+            mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
+        applied = sum(
+            1 for _, f in mod.functions.items()
+            if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and "tirx.is_scheduled" in f.attrs
+        )
+    ex = tvm.compile(mod, target=target, relax_pipeline="zero")
+    lib = out_dir / LIB
+    if cross_compiler:
+        from tvm.support import cc
+
+        ex.export_library(str(lib), fcompile=cc.cross_compiler(cross_compiler))
+    else:
+        ex.export_library(str(lib))
+    return {"tuned": best_db_dir is not None, "scheduled_functions": applied, "lib_bytes": lib.stat().st_size}

@@ -1,0 +1,271 @@
+"""`vta-pipeline`: the command line. Thin: parse, validate, call the library or the flow.
+
+User errors (bad options, unknown models, unreachable trackers) print one clear message
+and exit with status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from vta_pipeline.errors import UserError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
+board_app = typer.Typer(no_args_is_help=True, help="A local board: RPC tracker + rpc_server processes on 127.0.0.1.")
+app.add_typer(board_app, name="board")
+
+BOARD_STATE = Path(os.environ.get("VTA_PIPELINE_BOARD_STATE", "~/.vta-pipeline/board.json")).expanduser()
+
+# ---- shared options ------------------------------------------------------------------------------
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="JSON/TOML file with the same fields as the flags.")]
+ModelOpt = Annotated[Optional[str], typer.Option("--model", help="Model name (default: built-in tinynet).")]
+SourceOpt = Annotated[Optional[str], typer.Option("--source", help="builtin | torchvision | gluon | onnx")]
+OnnxOpt = Annotated[Optional[Path], typer.Option("--onnx-path", help="The .onnx file (source onnx).")]
+ShapeOpt = Annotated[Optional[str], typer.Option("--input-shape", help="N,C,H,W (default by model).")]
+TargetOpt = Annotated[Optional[str], typer.Option("--target", help="Preset name or TVM target JSON (default: host).")]
+TrackerOpt = Annotated[Optional[str], typer.Option("--tracker", help="HOST:PORT of an RPC tracker (default: local board).")]
+KeyOpt = Annotated[Optional[str], typer.Option("--key", help="Board key under the tracker.")]
+StoreOpt = Annotated[Optional[Path], typer.Option("--store", help="Artifact store directory.")]
+
+
+def _fail(msg: str) -> None:
+    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+def _shape(s: str | None):
+    if s is None:
+        return None
+    try:
+        return [int(x) for x in s.replace("x", ",").split(",")]
+    except ValueError:
+        _fail(f"--input-shape {s!r} is not N,C,H,W (e.g. 1,3,224,224)")
+
+
+def _config(config, overrides):
+    from vta_pipeline.config import build_config, load_config_file
+
+    file_values = load_config_file(config) if config else None
+    return build_config(file_values, overrides, source=str(config) if config else "")
+
+
+def _guard(fn):
+    """Run fn, turning user errors into one line and exit status 2."""
+    try:
+        return fn()
+    except UserError as e:
+        _fail(str(e))
+
+
+# ---- run -----------------------------------------------------------------------------------------
+@app.command()
+def run(
+    config: ConfigOpt = None,
+    model: ModelOpt = None,
+    source: SourceOpt = None,
+    onnx_path: OnnxOpt = None,
+    input_shape: ShapeOpt = None,
+    pretrained: Annotated[Optional[bool], typer.Option("--pretrained/--random-weights")] = None,
+    target: TargetOpt = None,
+    tracker: TrackerOpt = None,
+    key: KeyOpt = None,
+    local_servers: Annotated[Optional[int], typer.Option(help="rpc servers of the local board.")] = None,
+    trials_per_task: Annotated[Optional[int], typer.Option(help="Measured trials per task.")] = None,
+    trials_per_batch: Annotated[Optional[int], typer.Option(help="Candidates per measured batch.")] = None,
+    cost_model: Annotated[Optional[str], typer.Option(help="xgb | random")] = None,
+    search: Annotated[Optional[str], typer.Option(help="evolutionary | replay-trace")] = None,
+    early_stopping: Annotated[Optional[int], typer.Option(help="Stop a task after N trials without improvement.")] = None,
+    task_filter: Annotated[Optional[str], typer.Option(help="all | conv2d")] = None,
+    number: Annotated[Optional[int], typer.Option(help="Runs per measurement while tuning.")] = None,
+    repeat: Annotated[Optional[int], typer.Option(help="Measurements per candidate while tuning.")] = None,
+    timeout: Annotated[Optional[int], typer.Option(help="RPC session timeout per measurement, s.")] = None,
+    eval_repeat: Annotated[Optional[int], typer.Option(help="Timed repeats of the final evaluation.")] = None,
+    store: StoreOpt = None,
+    cache: Annotated[str, typer.Option(help="on | off | redo | readonly")] = "on",
+):
+    """Tune a network end to end (the Prefect flow `tune_network`) and print the result."""
+
+    def go():
+        from vta_pipeline.targets import resolve_target
+        from vta_pipeline.importers import check_model
+        from vta_pipeline.store import CachePolicy
+
+        try:
+            CachePolicy(cache)
+        except ValueError:
+            _fail(f"--cache {cache!r}: use one of on, off, redo, readonly")
+        cfg = _config(config, {
+            "model.name": model, "model.source": source, "model.path": onnx_path and str(onnx_path),
+            "model.input_shape": _shape(input_shape), "model.pretrained": pretrained,
+            "target": target, "board.tracker": tracker, "board.key": key, "board.local_servers": local_servers,
+            "tune.trials_per_task": trials_per_task, "tune.trials_per_batch": trials_per_batch,
+            "tune.cost_model": cost_model, "tune.search": search, "tune.early_stopping": early_stopping,
+            "tune.task_filter": task_filter, "measure.number": number, "measure.repeat": repeat,
+            "measure.timeout_s": timeout, "evaluate.repeat": eval_repeat, "store": store and str(store),
+        })
+        resolve_target(cfg.target)
+        check_model(cfg.model)
+        if cfg.board.tracker:  # a remote tracker: fail now, before Prefect starts, if it is down
+            from vta_pipeline import boards
+
+            boards.tracker_summary(*cfg.board.address())
+        _prefect_env()
+        from flows.tune_network import tune_network
+
+        result = tune_network(cfg.model_dump(mode="json"), cache=cache)
+        from vta_pipeline.report import render
+
+        typer.echo(render(result))
+
+    _guard(go)
+
+
+def _prefect_env() -> None:
+    """Settings that make a local, serverless run work on a slow machine."""
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "vta_pipeline")
+    os.environ.setdefault("PREFECT_RESULTS_PERSIST_BY_DEFAULT", "true")
+
+
+# ---- tasks ---------------------------------------------------------------------------------------
+@app.command("tasks")
+def tasks_cmd(
+    config: ConfigOpt = None,
+    model: ModelOpt = None,
+    source: SourceOpt = None,
+    onnx_path: OnnxOpt = None,
+    input_shape: ShapeOpt = None,
+    target: TargetOpt = None,
+    store: StoreOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list instead of a table.")] = False,
+):
+    """Fetch the model and print its tuning tasks (cached in the store like a run's)."""
+
+    def go():
+        from vta_pipeline import steps
+        from vta_pipeline.extract import WORKLOAD_FIELDS, load_tasks
+        from vta_pipeline.store import ArtifactStore
+        from vta_pipeline.targets import resolve_target
+
+        cfg = _config(config, {
+            "model.name": model, "model.source": source, "model.path": onnx_path and str(onnx_path),
+            "model.input_shape": _shape(input_shape), "target": target, "store": store and str(store),
+        })
+        tgt = resolve_target(cfg.target)
+        st = ArtifactStore(cfg.store)
+        fetched = steps.fetch_step(st, cfg.model)
+        extracted = steps.extract_step(st, fetched, tgt)
+        tasks = load_tasks(extracted.path)
+        if as_json:
+            out = []
+            for t in tasks:
+                d = {"name": t.name, "weight": t.weight, "op": t.op, "flops": t.flops}
+                if t.workload is not None:
+                    d["workload"] = t.workload
+                out.append(d)
+            typer.echo(json.dumps(out, indent=1))
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"tuning tasks of {fetched.meta['model']} for {tgt.name}")
+        for h in ("#", "task", "weight", "MFLOP", *WORKLOAD_FIELDS):
+            table.add_column(h)
+        for t in tasks:
+            wl = [str(v) for v in t.workload] if t.workload else ["-"] * len(WORKLOAD_FIELDS)
+            table.add_row(str(t.index), t.name, str(t.weight), f"{t.flops / 1e6:.1f}", *wl)
+        Console().print(table)
+
+    _guard(go)
+
+
+@app.command()
+def models(source: Annotated[str, typer.Option(help="builtin | torchvision | gluon")] = "builtin"):
+    """List the model names a source knows."""
+    from vta_pipeline.importers import list_models
+
+    if source not in ("builtin", "torchvision", "gluon"):
+        _fail(f"--source {source!r}: use builtin, torchvision or gluon")
+    typer.echo("\n".join(list_models(source)))
+
+
+@app.command()
+def targets():
+    """List the target presets."""
+    from vta_pipeline.targets import PRESETS
+
+    for name, make in sorted(PRESETS.items()):
+        p = make()
+        typer.echo(f"{p.name:<12} key={p.key:<8} {json.dumps(p.target)}  host={json.dumps(p.host)}  "
+                   f"cc={p.cross_compiler or 'native'}\n             {p.description}")
+
+
+# ---- board ---------------------------------------------------------------------------------------
+@board_app.command("up")
+def board_up(
+    key: Annotated[str, typer.Option(help="Key the servers register under.")] = "host",
+    servers: Annotated[int, typer.Option(help="Number of rpc_server processes.")] = 2,
+    port: Annotated[int, typer.Option(help="Tracker port.")] = 9190,
+    host: Annotated[str, typer.Option(help="Bind address (keep 127.0.0.1 unless boards are remote).")] = "127.0.0.1",
+):
+    """Start a tracker and N servers in the background; `board down` stops them."""
+    from vta_pipeline.boards import LocalBoard
+
+    if BOARD_STATE.exists():
+        _fail(f"a local board is already recorded in {BOARD_STATE}: run `vta-pipeline board down` first")
+    b = _guard(lambda: LocalBoard(key=key, num_servers=servers, host=host, port=port, state_file=BOARD_STATE).start())
+    typer.echo(f"tracker {b.tracker}, {servers} server(s) under key {key!r}; use --tracker {b.tracker} --key {key}")
+
+
+@board_app.command("status")
+def board_status(tracker: TrackerOpt = None):
+    """Show the tracker's servers and queue (like tvm.exec.query_rpc_tracker)."""
+    from vta_pipeline.boards import format_summary, tracker_summary
+    from vta_pipeline.config import parse_hostport
+
+    if tracker is None:
+        if not BOARD_STATE.exists():
+            _fail("no local board is running and no --tracker was given")
+        tracker = json.loads(BOARD_STATE.read_text())["tracker"]
+    try:
+        addr = parse_hostport(tracker)
+    except ValueError as e:
+        _fail(str(e))
+    typer.echo(_guard(lambda: format_summary(tracker_summary(*addr))))
+
+
+@board_app.command("down")
+def board_down():
+    """Stop the local board started by `board up`."""
+    from vta_pipeline.boards import stop_from_state
+
+    state = stop_from_state(BOARD_STATE)
+    typer.echo("no local board was running" if state is None else f"stopped the board at {state['tracker']}")
+
+
+# ---- report --------------------------------------------------------------------------------------
+@app.command("report")
+def report_cmd(store: StoreOpt = None, last: Annotated[int, typer.Option(help="How many runs.")] = 1):
+    """Print the result tables of the last runs recorded in the store."""
+    from vta_pipeline.report import load_results, render
+    from vta_pipeline.store import ArtifactStore
+
+    results = load_results(ArtifactStore(store or Path("vta-store")))
+    if not results:
+        _fail(f"no finished runs in {store or 'vta-store'}: run `vta-pipeline run` first")
+    for r in results[-last:]:
+        typer.echo(render(r))
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

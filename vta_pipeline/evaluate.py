@@ -1,0 +1,94 @@
+"""Steps 6 and 7, upload and evaluate: run the built library on a board, time it, check it.
+
+The library is uploaded to a board requested from the tracker by key, loaded there and run
+in a Relax VM on the board's device. Latency comes from TVM's time evaluator (number runs
+per repeat, repeat repeats). The output for the seeded reference input is compared with
+the source framework's output recorded at import time, so a wrong tuned kernel fails the
+run instead of shipping.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import BoardError
+
+STEP = "evaluate"
+VERSION = 1
+
+
+@dataclass
+class Evaluation:
+    mean_ms: float
+    std_ms: float
+    median_ms: float
+    min_ms: float
+    repeats: list[float]
+    max_abs_err: float
+    cosine: float
+    correct: bool
+    board: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _device(remote, kind: str):
+    return {"llvm": remote.cpu, "cuda": remote.cuda, "opencl": remote.cl}.get(kind, remote.cpu)(0)
+
+
+def evaluate_on_board(
+    lib_path: Path,
+    reference: tuple[np.ndarray, np.ndarray],
+    target_kind: str,
+    tracker: tuple[str, int],
+    key: str,
+    number: int,
+    repeat: int,
+    rtol: float,
+    atol: float,
+    session_timeout: int = 600,
+) -> Evaluation:
+    import tvm
+    from tvm import relax, rpc
+
+    host, port = tracker
+    try:
+        remote = rpc.connect_tracker(host, port).request(key, priority=1, session_timeout=session_timeout)
+    except Exception as e:
+        raise BoardError(f"could not get a board with key {key!r} from the tracker at {host}:{port}: {e}") from None
+    try:
+        remote.upload(str(lib_path))
+        lib = remote.load_module(Path(lib_path).name)
+        dev = _device(remote, target_kind)
+        vm = relax.VirtualMachine(lib, dev)
+        x, y_ref = reference
+        xd = tvm.runtime.tensor(x, dev)
+        out = vm["main"](xd)
+        y = (out[0] if not isinstance(out, tvm.runtime.Tensor) else out).numpy()
+        timer = vm.time_evaluator("main", dev, number=number, repeat=repeat)
+        res = timer(xd)
+        reps = [float(r) * 1e3 for r in res.results]
+    except BoardError:
+        raise
+    except Exception as e:
+        raise BoardError(f"running {Path(lib_path).name} on a {key!r} board failed: {e}") from None
+    y = y.reshape(y_ref.shape).astype("float64")
+    yr = y_ref.astype("float64")
+    cos = float(np.dot(y.ravel(), yr.ravel()) / (np.linalg.norm(y) * np.linalg.norm(yr) + 1e-30))
+    return Evaluation(
+        mean_ms=statistics.fmean(reps),
+        std_ms=statistics.pstdev(reps),
+        median_ms=statistics.median(reps),
+        min_ms=min(reps),
+        repeats=reps,
+        max_abs_err=float(np.max(np.abs(y - yr))),
+        cosine=cos,
+        correct=bool(np.allclose(y, yr, rtol=rtol, atol=atol)),
+        board=f"{key}@{host}:{port}",
+    )

@@ -1,0 +1,39 @@
+"""Step 4, pick best: one database with the best record per workload.
+
+Each tuning task keeps its own MetaSchedule JSON database; the build reads one merged,
+pruned database. MetaSchedule's lookup ignores the target, so a merged database is only
+ever built from tasks of one target (the step key includes it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+STEP = "pick_best"
+VERSION = 1
+
+
+def open_db(path: Path):
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms.database.JSONDatabase(work_dir=str(path), allow_missing=False)
+
+
+def pick_best(tune_dirs: list[Path], out_dir: Path) -> dict[str, Any]:
+    """Merge the per-task databases in `tune_dirs` into `out_dir`, best record per workload."""
+    from tvm.s_tir import meta_schedule as ms
+
+    merged = ms.database.JSONDatabase(work_dir=str(out_dir))
+    summary = []
+    for d in tune_dirs:
+        src = open_db(d)
+        src.dump_pruned(merged)  # keeps the best valid record of each workload
+        summary.append(json.loads((Path(d) / "summary.json").read_text()))
+    (out_dir / "best.json").write_text(json.dumps(summary, indent=1))
+    return {
+        "tasks": len(summary),
+        "records": len(merged.get_all_tuning_records()),
+        "trials": sum(s["trials"] for s in summary),
+    }

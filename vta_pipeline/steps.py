@@ -1,0 +1,164 @@
+"""The pipeline's steps bound to the artifact store: key, reuse or compute, persist.
+
+Each `*_key` function computes a step's cache key from the content ids of its inputs and
+its config (Olive's (input artifact id, step name, step config, target)); each `*_step`
+function returns the step's verified artifact, computing it only when the store has none.
+The Prefect tasks call exactly these, and use the same keys for Prefect's cache, so the
+library runs the same with or without Prefect.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+from . import build as build_mod
+from . import evaluate as eval_mod
+from . import extract as extract_mod
+from . import importers
+from . import records as records_mod
+from . import tuning
+from .config import EvalConfig, MeasureConfig, ModelConfig, TuneConfig
+from .hashing import sha256_file
+from .store import Artifact, ArtifactStore
+from .targets import ResolvedTarget
+
+
+# ---- fetch ------------------------------------------------------------------------------------
+def fetch_key(store: ArtifactStore, model: ModelConfig) -> str:
+    inputs = {}
+    if model.source == "onnx":
+        inputs["onnx"] = sha256_file(Path(model.path))  # the file's content, not its name
+    return store.key(importers.STEP, version=importers.VERSION, inputs=inputs, config=model.model_dump(mode="json"))
+
+
+def fetch_step(store: ArtifactStore, model: ModelConfig) -> Artifact:
+    importers.check_model(model)
+    key = fetch_key(store, model)
+    return store.produce(
+        importers.STEP, key, lambda out: importers.fetch_model(model, out), config=model.model_dump(mode="json")
+    )
+
+
+# ---- extract ----------------------------------------------------------------------------------
+def extract_key(store: ArtifactStore, fetched_id: str, target: ResolvedTarget) -> str:
+    return store.key(extract_mod.STEP, version=extract_mod.VERSION, inputs={"model": fetched_id}, config=target.to_dict())
+
+
+def extract_step(store: ArtifactStore, fetched: Artifact, target: ResolvedTarget) -> Artifact:
+    key = extract_key(store, fetched.id, target)
+    return store.produce(
+        extract_mod.STEP,
+        key,
+        lambda out: extract_mod.extract_tasks(fetched.path, dict(target.target_json), out),
+        inputs={"model": fetched.id},
+        config=target.to_dict(),
+    )
+
+
+# ---- tune -------------------------------------------------------------------------------------
+def _tune_config(tune: TuneConfig, measure: MeasureConfig, key: str) -> dict[str, Any]:
+    return {"tune": tune.model_dump(mode="json"), "measure": measure.model_dump(mode="json"), "board_key": key}
+
+
+def tune_key(store: ArtifactStore, task: extract_mod.TaskInfo, target: ResolvedTarget,
+             tune: TuneConfig, measure: MeasureConfig, board_key: str) -> str:
+    return store.key(
+        tuning.STEP,
+        version=tuning.VERSION,
+        inputs={"workload": task.workload_hash, "target": target.id},
+        config=_tune_config(tune, measure, board_key),
+    )
+
+
+def tune_step(
+    store: ArtifactStore,
+    extracted: Artifact,
+    task: extract_mod.TaskInfo,
+    target: ResolvedTarget,
+    board: tuning.BoardSpec,
+    tune: TuneConfig,
+    measure: MeasureConfig,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> Artifact:
+    """Tune one task. Its records accumulate in a work dir keyed by (target, workload, board
+    key), so a killed or re-budgeted run continues from them; the finished result (the
+    task's database and summary) is a normal artifact keyed also by the budget."""
+    key = tune_key(store, task, target, tune, measure, board.key)
+    work = tuning.task_work_dir(store.root / "work", f"{target.id}-{board.key}", task.workload_hash)
+
+    def compute(out: Path) -> dict[str, Any]:
+        outcome = tuning.tune_task(
+            extracted.path / task.file, task.name, task.flops, task.workload_hash,
+            dict(target.target_json), board, tune, measure, work, progress,
+        )
+        for name in ("database_workload.json", "database_tuning_record.json", "trials.jsonl"):
+            if (work / name).exists():
+                shutil.copy2(work / name, out / name)
+        (out / "summary.json").write_text(json.dumps(outcome.to_dict(), indent=1))
+        return {k: v for k, v in outcome.to_dict().items() if k != "curve"}
+
+    return store.produce(
+        tuning.STEP, key, compute,
+        inputs={"workload": task.workload_hash, "target": target.id},
+        config=_tune_config(tune, measure, board.key),
+    )
+
+
+# ---- pick best --------------------------------------------------------------------------------
+def pick_best_key(store: ArtifactStore, tuned_ids: list[str], target: ResolvedTarget) -> str:
+    return store.key(records_mod.STEP, version=records_mod.VERSION,
+                     inputs={"tuned": sorted(tuned_ids), "target": target.id}, config={})
+
+
+def pick_best_step(store: ArtifactStore, tuned: list[Artifact], target: ResolvedTarget) -> Artifact:
+    ids = [a.id for a in tuned]
+    key = pick_best_key(store, ids, target)
+    return store.produce(
+        records_mod.STEP, key, lambda out: records_mod.pick_best([a.path for a in tuned], out),
+        inputs={"tuned": sorted(ids), "target": target.id},
+    )
+
+
+# ---- build ------------------------------------------------------------------------------------
+def build_key(store: ArtifactStore, extracted_id: str, best_id: str | None, target: ResolvedTarget) -> str:
+    return store.key(build_mod.STEP, version=build_mod.VERSION,
+                     inputs={"tasks": extracted_id, "best": best_id}, config=target.to_dict())
+
+
+def build_step(store: ArtifactStore, extracted: Artifact, best: Artifact | None, target: ResolvedTarget) -> Artifact:
+    best_id = best.id if best else None
+    key = build_key(store, extracted.id, best_id, target)
+    return store.produce(
+        build_mod.STEP, key,
+        lambda out: build_mod.build_network(
+            extracted.path, dict(target.target_json), out, best.path if best else None, target.cross_compiler
+        ),
+        inputs={"tasks": extracted.id, "best": best_id},
+        config=target.to_dict(),
+    )
+
+
+# ---- evaluate ---------------------------------------------------------------------------------
+def evaluate_key(store: ArtifactStore, built_id: str, fetched_id: str, cfg: EvalConfig, board_key: str) -> str:
+    return store.key(eval_mod.STEP, version=eval_mod.VERSION,
+                     inputs={"lib": built_id, "reference": fetched_id},
+                     config={"evaluate": cfg.model_dump(mode="json"), "board_key": board_key})
+
+
+def evaluate_step(store: ArtifactStore, built: Artifact, fetched: Artifact, target: ResolvedTarget,
+                  tracker: tuple[str, int], board_key: str, cfg: EvalConfig) -> Artifact:
+    key = evaluate_key(store, built.id, fetched.id, cfg, board_key)
+
+    def compute(out: Path) -> dict[str, Any]:
+        ev = eval_mod.evaluate_on_board(
+            built.file(build_mod.LIB), importers.load_reference(fetched.path), target.kind,
+            tracker, board_key, cfg.number, cfg.repeat, cfg.rtol, cfg.atol,
+        )
+        (out / "evaluation.json").write_text(json.dumps(ev.to_dict(), indent=1))
+        return ev.to_dict()
+
+    return store.produce(eval_mod.STEP, key, compute, inputs={"lib": built.id, "reference": fetched.id},
+                         config={"evaluate": cfg.model_dump(mode="json"), "board_key": board_key})
