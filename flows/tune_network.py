@@ -12,7 +12,7 @@ import time
 from contextlib import ExitStack
 from typing import Any
 
-from prefect import flow
+from prefect import flow, unmapped
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
@@ -67,8 +67,9 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
 
         board = {"tracker_host": host, "tracker_port": port, "key": key, "num_boards": n_boards}
         tuned_futures = tune_task.map(
-            root, extracted, [t.to_dict() for t in tasks], cfg.target, board,
-            cfg.tune.model_dump(mode="json"), cfg.measure.model_dump(mode="json"), cache,
+            unmapped(root), unmapped(extracted), [t.to_dict() for t in tasks], unmapped(cfg.target),
+            unmapped(board), unmapped(cfg.tune.model_dump(mode="json")),
+            unmapped(cfg.measure.model_dump(mode="json")), unmapped(cache),
         )
         tuned = [f.result() for f in tuned_futures]
         best = pick_best(root, tuned, cfg.target, cache)

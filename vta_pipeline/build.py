@@ -39,7 +39,7 @@ def build_network(
             1 for _, f in mod.functions.items()
             if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and "tirx.is_scheduled" in f.attrs
         )
-    ex = tvm.compile(mod, target=target, relax_pipeline="zero")
+    ex = tvm.compile(mod, target=target, relax_pipeline="default")  # mod is already fused + scheduled
     lib = out_dir / LIB
     if cross_compiler:
         from tvm.support import cc
