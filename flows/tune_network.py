@@ -12,7 +12,7 @@ import time
 from contextlib import ExitStack
 from typing import Any
 
-from prefect import flow, unmapped
+from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
@@ -65,13 +65,22 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
         if stop_after == "extract":
             return {"tasks": [t.to_dict() for t in tasks]}
 
-        board = {"tracker_host": host, "tracker_port": port, "key": key, "num_boards": n_boards}
-        tuned_futures = tune_task.map(
-            unmapped(root), unmapped(extracted), [t.to_dict() for t in tasks], unmapped(cfg.target),
-            unmapped(board), unmapped(cfg.tune.model_dump(mode="json")),
-            unmapped(cfg.measure.model_dump(mode="json")), unmapped(cache),
-        )
-        tuned = [f.result() for f in tuned_futures]
+        # Fan out one task run per tuning task, at most one per board in flight; a task
+        # alone measures on several boards at once when there are more boards than tasks.
+        in_flight = max(1, min(n_boards, len(tasks)))
+        board = {"tracker_host": host, "tracker_port": port, "key": key,
+                 "num_boards": max(1, n_boards // in_flight)}
+        futures, window = [], []
+        for t in tasks:
+            if len(window) >= in_flight:
+                window.pop(0).wait()
+            f = tune_task.submit(
+                root, extracted, t.to_dict(), cfg.target, board,
+                cfg.tune.model_dump(mode="json"), cfg.measure.model_dump(mode="json"), cache,
+            )
+            futures.append(f)
+            window.append(f)
+        tuned = [f.result() for f in futures]
         best = pick_best(root, tuned, cfg.target, cache)
         if stop_after == "tune":
             return {"best": best}

@@ -9,6 +9,7 @@ ids), never TVM objects or arrays.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -58,4 +59,12 @@ def is_board_fault(task, task_run, state) -> bool:
     return False
 
 
-RETRY = {"retries": 2, "retry_delay_seconds": [10, 60], "retry_condition_fn": is_board_fault}
+def _retry_settings() -> dict[str, Any]:
+    """Board-fault retries: VTA_PIPELINE_BOARD_RETRIES (default 2) and
+    VTA_PIPELINE_RETRY_DELAYS (seconds, comma separated, default "30,120")."""
+    retries = int(os.environ.get("VTA_PIPELINE_BOARD_RETRIES", "2"))
+    delays = [float(x) for x in os.environ.get("VTA_PIPELINE_RETRY_DELAYS", "30,120").split(",") if x.strip()]
+    return {"retries": retries, "retry_delay_seconds": delays or 0, "retry_condition_fn": is_board_fault}
+
+
+RETRY = _retry_settings()

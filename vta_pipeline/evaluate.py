@@ -57,7 +57,14 @@ def evaluate_on_board(
     import tvm
     from tvm import relax, rpc
 
+    from .boards import count_servers
+
     host, port = tracker
+    if count_servers(host, port, key) == 0:  # request() would block forever on an empty key
+        raise BoardError(
+            f"no board is registered under key {key!r} at the tracker {host}:{port}; start one with "
+            f"`python -m tvm.exec.rpc_server --tracker {host}:{port} --key {key}` and rerun"
+        )
     try:
         remote = rpc.connect_tracker(host, port).request(key, priority=1, session_timeout=session_timeout)
     except Exception as e:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ def default_input_shape(cfg: ModelConfig) -> tuple[int, ...]:
         return tuple(cfg.input_shape)
     if cfg.source == "builtin":
         return build_builtin(cfg.name)[1]
-    return (1, 3, 299, 299) if "inception" in cfg.name else (1, 3, 224, 224)
+    return (1, 3, 299, 299) if "inception" in cfg.name.lower() else (1, 3, 224, 224)
 
 
 def _no_such_model(kind: str, name: str, choices: list[str]) -> ModelError:
@@ -51,7 +52,13 @@ def list_models(source: str) -> list[str]:
     if source == "gluon":
         from mxnet.gluon.model_zoo import vision
 
-        return sorted(vision._models)  # the zoo's own registry of names
+        # The zoo keeps its name table inside get_model(); its error for an unknown name
+        # is the only public way to read it.
+        try:
+            vision.get_model("\0")
+        except ValueError as e:
+            return sorted(n.strip() for n in str(e).split("\n\t")[1:] if n.strip())
+        return []
     return []
 
 
@@ -130,7 +137,8 @@ def _from_torch(cfg: ModelConfig, x: np.ndarray):
             ) from None
     model.eval()
     xt = torch.from_numpy(x)
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.export's own deprecations
         y = model(xt).numpy()
         try:
             ep = torch.export.export(model, (xt,))

@@ -1,0 +1,101 @@
+"""The Prefect flow end to end on a real local tracker with two rpc servers."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from vta_pipeline.boards import LocalBoard
+from vta_pipeline.config import build_config
+from vta_pipeline.store import ArtifactStore
+
+pytestmark = pytest.mark.slow
+
+
+def _cfg(store, tracker, key, trials=4, seed=0):
+    return build_config(None, {
+        "model.source": "builtin", "model.name": "micronet", "model.seed": seed,
+        "board.tracker": tracker, "board.key": key, "tune.trials_per_task": trials,
+        "tune.trials_per_batch": 4, "tune.task_filter": "conv2d", "measure.number": 2,
+        "evaluate.repeat": 3, "store": str(store),
+    }).model_dump(mode="json")
+
+
+def _computed(store, since=0):
+    return sorted({e["step"] for e in store.events() if e["event"] == "computed" and e["t"] >= since})
+
+
+def test_flow_end_to_end_then_cached_then_partially_recomputed(prefect_harness, board, tmp_path):
+    from flows.tune_network import tune_network
+
+    store = ArtifactStore(tmp_path / "store")
+    result = tune_network(_cfg(store.root, board.tracker, board.key))
+    assert result["tuned"]["correct"] and result["untuned"]["correct"]
+    assert result["speedup"] > 1.0  # tuning beats plain loops even at 4 trials
+    assert [t["trials"] for t in result["tasks"]] == [4, 4]
+    assert all(t["best_gflops"] > 0 and t["errors"] == 0 for t in result["tasks"])
+    assert (store.root / "runs" / f"{result['run_id']}.json").exists()
+    assert _computed(store) == ["build", "evaluate", "extract", "fetch", "pick_best", "tune"]
+
+    # Same inputs, new flow run: nothing is computed again.
+    t1 = time.time()
+    again = tune_network(_cfg(store.root, board.tracker, board.key))
+    assert _computed(store, t1) == []
+    assert again["tuned"]["mean_ms"] == result["tuned"]["mean_ms"]
+
+    # A bigger budget: tuning continues from the records; fetch and extract are reused.
+    t2 = time.time()
+    more = tune_network(_cfg(store.root, board.tracker, board.key, trials=6))
+    assert _computed(store, t2) == ["build", "evaluate", "pick_best", "tune"]
+    assert [t["trials"] for t in more["tasks"]] == [6, 6]
+    assert [t["trials_this_run"] for t in more["tasks"]] == [2, 2]
+
+
+def test_changed_model_recomputes_from_the_import(prefect_harness, board, tmp_path):
+    from flows.tune_network import tune_network
+
+    store = ArtifactStore(tmp_path / "store")
+    tune_network(_cfg(store.root, board.tracker, board.key), stop_after="extract")
+    t1 = time.time()
+    tune_network(_cfg(store.root, board.tracker, board.key, seed=3), stop_after="extract")
+    assert _computed(store, t1) == ["extract", "fetch"]
+
+
+def test_board_lost_before_upload_then_rerun_resumes_at_evaluate(tmp_path):
+    """Kill the boards while the network builds; the run fails in evaluate. After the
+    boards come back, the rerun computes only the evaluation: the earlier steps' bodies
+    never run again."""
+    store = ArtifactStore(tmp_path / "store")
+    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), VTA_PIPELINE_BOARD_RETRIES="0")
+    with LocalBoard(key="flaky", num_servers=2) as b:
+        cmd = [sys.executable, "-m", "vta_pipeline.cli", "run", "--model", "micronet", "--source", "builtin",
+               "--tracker", b.tracker, "--key", "flaky", "--trials-per-task", "4", "--trials-per-batch", "4",
+               "--task-filter", "conv2d", "--number", "2", "--eval-repeat", "3", "--store", str(store.root)]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.time() + 900
+        while not any(e["event"] == "started" and e["step"] == "build" for e in store.events()):
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            assert time.time() < deadline
+            time.sleep(0.05)
+        for s in b.servers:  # the boards go away
+            os.killpg(s.pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode != 0
+        assert "flaky" in out  # the failure names the key
+        first = _computed(store)
+        assert "evaluate" not in first and {"fetch", "extract", "tune", "pick_best"} <= set(first)
+
+        for _ in range(2):  # the boards come back
+            b.add_server()
+        time.sleep(3)
+        t1 = time.time()
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert _computed(store, t1) == ["evaluate"]
+        started = {e["step"] for e in store.events() if e["event"] == "started" and e["t"] >= t1}
+        assert not started & {"fetch", "extract", "tune", "pick_best"}
+        assert "speed-up" in done.stdout

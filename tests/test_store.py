@@ -1,0 +1,88 @@
+"""The artifact store: computed once, reused after, never trusted when tampered with."""
+
+import threading
+
+import pytest
+
+from vta_pipeline.store import ArtifactStore, CachePolicy
+
+
+def _writer(calls, text="hello"):
+    def compute(out):
+        calls.append(1)
+        (out / "a.txt").write_text(text)
+        return {"n": len(calls)}
+
+    return compute
+
+
+def test_second_produce_reuses_without_computing(store):
+    calls = []
+    a = store.produce("s", "k1", _writer(calls))
+    b = store.produce("s", "k1", _writer(calls))
+    assert len(calls) == 1 and a.id == b.id and b.file("a.txt").read_text() == "hello"
+    assert [e["event"] for e in store.events()] == ["started", "computed", "reused"]
+
+
+def test_edited_artifact_is_quarantined_and_recomputed(store):
+    calls = []
+    a = store.produce("s", "k1", _writer(calls))
+    a.file("a.txt").write_text("tampered")
+    b = store.produce("s", "k1", _writer(calls))
+    assert len(calls) == 2 and b.file("a.txt").read_text() == "hello"
+    assert any(e["event"] == "quarantined" for e in store.events())
+    assert list((store.root / "quarantine").iterdir())
+
+
+def test_deleted_artifact_file_is_recomputed(store):
+    calls = []
+    a = store.produce("s", "k1", _writer(calls))
+    a.file("a.txt").unlink()
+    assert store.lookup("s", "k1") is None
+    store.produce("s", "k1", _writer(calls))
+    assert len(calls) == 2
+
+
+def test_a_failing_step_leaves_nothing_that_looks_finished(store):
+    def boom(out):
+        (out / "half.txt").write_text("half")
+        raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError):
+        store.produce("s", "k1", boom)
+    assert store.lookup("s", "k1") is None
+    assert not list((store.root / "steps" / "s" / ".tmp").iterdir())
+
+
+def test_artifact_id_depends_on_content_only(store):
+    a = store.produce("s", "k1", _writer([], "same"))
+    b = store.produce("s", "k2", _writer([], "same"))
+    c = store.produce("s", "k3", _writer([], "other"))
+    assert a.id == b.id != c.id
+
+
+def test_two_concurrent_producers_compute_once(store):
+    calls = []
+
+    def slow(out):
+        import time
+
+        calls.append(1)
+        time.sleep(0.5)
+        (out / "a.txt").write_text("x")
+
+    threads = [threading.Thread(target=store.produce, args=("s", "k", slow)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+
+
+def test_cache_policies(tmp_path):
+    calls = []
+    ArtifactStore(tmp_path).produce("s", "k", _writer(calls))
+    ArtifactStore(tmp_path, CachePolicy.REDO).produce("s", "k", _writer(calls))
+    assert len(calls) == 2
+    with pytest.raises(FileNotFoundError, match="readonly"):
+        ArtifactStore(tmp_path, CachePolicy.READONLY).produce("s", "other", _writer(calls))

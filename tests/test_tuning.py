@@ -1,0 +1,73 @@
+"""Step 3: tuning on a real board measures for real and resumes without re-measuring."""
+
+import json
+
+import pytest
+
+from vta_pipeline import steps
+from vta_pipeline.config import MeasureConfig, TuneConfig
+from vta_pipeline.extract import load_tasks
+from vta_pipeline.tuning import BoardSpec, read_state, read_trials, task_work_dir, tune_task
+
+MEASURE = MeasureConfig(number=2, repeat=1, timeout_s=60)
+
+
+def _conv(extracted, i=0):
+    return [t for t in load_tasks(extracted.path) if t.op == "conv2d"][i]
+
+
+def _spec(board, n=2):
+    return BoardSpec(board.host, board.port, board.key, n)
+
+
+def test_trials_are_measured_and_resume_continues_without_repeats(micronet, board, host_target, tmp_path):
+    _, extracted = micronet
+    task = _conv(extracted)
+    work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
+    args = (extracted.path / task.file, task.name, task.flops, task.workload_hash,
+            host_target.target_json, _spec(board))
+
+    first = tune_task(*args, TuneConfig(trials_per_task=4, trials_per_batch=4), MEASURE, work)
+    # Really measured on the board: latencies, not the old "0.00 GFLOPS" of failed builds.
+    assert first.trials == 4 and first.valid == 4 and first.errors == 0
+    assert first.best_latency_ms > 0 and first.best_gflops > 0
+
+    # The budget goes up (as after an interrupted run): only the difference is tuned.
+    second = tune_task(*args, TuneConfig(trials_per_task=8, trials_per_batch=4), MEASURE, work)
+    assert second.trials == 8 and second.trials_this_run == 4
+    rows = read_trials(work)
+    assert [r["trial"] for r in rows] == list(range(8))
+    assert len({r["schedule_hash"] for r in rows}) == 8  # no schedule measured twice
+    assert second.best_latency_ms <= first.best_latency_ms
+
+    # Finished at this budget: calling again measures nothing.
+    third = tune_task(*args, TuneConfig(trials_per_task=8, trials_per_batch=4), MEASURE, work)
+    assert third.trials_this_run == 0 and len(read_trials(work)) == 8
+    assert read_state(work)["status"] == "finished"
+    # best-so-far curve is monotone
+    bests = [b for _, b in third.curve]
+    assert bests == sorted(bests, reverse=True)
+
+
+def test_early_stopping_ends_a_task_before_its_budget(micronet, board, host_target, tmp_path):
+    _, extracted = micronet
+    task = _conv(extracted, 1)
+    work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
+    out = tune_task(extracted.path / task.file, task.name, task.flops, task.workload_hash,
+                    host_target.target_json, _spec(board),
+                    TuneConfig(trials_per_task=64, trials_per_batch=2, early_stopping=1, search="replay-trace"),
+                    MEASURE, work)
+    assert out.stopped == "early-stopping" and out.trials < 64
+
+
+def test_tune_step_is_an_artifact_reused_for_the_same_budget(micronet, board, host_target, session_store):
+    _, extracted = micronet
+    task = _conv(extracted)
+    cfg = TuneConfig(trials_per_task=4, trials_per_batch=4)
+    a = steps.tune_step(session_store, extracted, task, host_target, _spec(board), cfg, MEASURE)
+    summary = json.loads(a.file("summary.json").read_text())
+    assert summary["valid"] == 4
+    b = steps.tune_step(session_store, extracted, task, host_target, _spec(board), cfg, MEASURE)
+    assert b.id == a.id
+    events = [e for e in session_store.events() if e.get("step") == "tune" and e.get("key") == a.key]
+    assert [e["event"] for e in events].count("computed") == 1

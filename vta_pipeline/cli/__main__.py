@@ -1,0 +1,3 @@
+from vta_pipeline.cli.main import app
+
+app(prog_name="vta-pipeline")
