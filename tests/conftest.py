@@ -13,6 +13,7 @@ import pytest
 
 os.environ.setdefault("VTA_PIPELINE_BOARD_RETRIES", "0")  # tests assert on the first failure
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from vta_pipeline import steps  # noqa: E402
 from vta_pipeline.boards import LocalBoard  # noqa: E402

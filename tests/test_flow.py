@@ -50,7 +50,9 @@ def test_flow_end_to_end_then_cached_then_partially_recomputed(prefect_harness, 
     # A bigger budget: tuning continues from the records; fetch and extract are reused.
     t2 = time.time()
     more = tune_network(_cfg(store.root, board.tracker, board.key, trials=6))
-    assert _computed(store, t2) == ["build", "evaluate", "pick_best", "tune"]
+    recomputed = set(_computed(store, t2))
+    assert {"tune", "pick_best", "build"} <= recomputed and not recomputed & {"fetch", "extract"}
+    # (evaluate reruns only if the best schedules changed: the library is content-addressed)
     assert [t["trials"] for t in more["tasks"]] == [6, 6]
     assert [t["trials_this_run"] for t in more["tasks"]] == [2, 2]
 

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from .config import MeasureConfig, TuneConfig
 from .errors import BoardError
+from .progress import publish
 from .store import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -184,7 +185,7 @@ def _make_guarded_search(inner, *, known_hashes: set[int], early_stopping: int |
 
 
 def _make_log_callback(work_dir: Path, task_name: str, progress: Callable[[dict[str, Any]], None] | None,
-                       start_index: int):
+                       start_index: int, budget: int):
     from tvm_ffi import structural_hash
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
@@ -210,8 +211,10 @@ def _make_log_callback(work_dir: Path, task_name: str, progress: Callable[[dict[
                 })
                 self.index += 1
             _append_trials(work_dir, rows)
+            event = {"task": task_name, "trials": self.index, "budget": budget, "batch": rows}
+            publish(event)
             if progress:
-                progress({"task": task_name, "trials": self.index, "batch": rows})
+                progress(event)
 
     return TrialLog()
 
@@ -293,6 +296,7 @@ def tune_task(
     trials_before = done
     if remaining > 0:
         write_state(work_dir, status="tuning", task=task_name, budget=tune.trials_per_task, done=done)
+        publish({"task": task_name, "trials": done, "budget": tune.trials_per_task, "batch": []})
         log.info("task %s: %d of %d trials done, tuning %d more", task_name, done, tune.trials_per_task, remaining)
         inner = (
             ms.search_strategy.EvolutionarySearch()
@@ -334,7 +338,7 @@ def tune_task(
         from .ms_build import make_builder
 
         callbacks = ms.measure_callback.MeasureCallback.create("default")
-        callbacks = list(callbacks) + [_make_log_callback(work_dir, task_name, progress, done)]
+        callbacks = list(callbacks) + [_make_log_callback(work_dir, task_name, progress, done, tune.trials_per_task)]
         ms.tune_tasks(
             tasks=[ctx],
             task_weights=[1.0],

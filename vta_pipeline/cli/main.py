@@ -118,7 +118,8 @@ def run(
         _prefect_env()
         from flows.tune_network import tune_network
 
-        result = tune_network(cfg.model_dump(mode="json"), cache=cache)
+        with _tuning_progress():
+            result = tune_network(cfg.model_dump(mode="json"), cache=cache)
         from vta_pipeline.report import render
 
         typer.echo(render(result))
@@ -126,11 +127,42 @@ def run(
     _guard(go)
 
 
+class _tuning_progress:
+    """One rich progress bar per tuning task, fed by vta_pipeline.progress events."""
+
+    def __enter__(self):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from vta_pipeline import progress
+
+        self.bars = Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
+                             TextColumn("best {task.fields[best]}"), TimeElapsedColumn(), transient=False)
+        self.ids: dict[str, int] = {}
+        self.best: dict[str, float] = {}
+        self.bars.start()
+        self.unsubscribe = progress.subscribe(self.on_event)
+        return self
+
+    def on_event(self, e):
+        lat = [r["latency_ms"] for r in e.get("batch", []) if r.get("latency_ms") is not None]
+        if lat:
+            self.best[e["task"]] = min(self.best.get(e["task"], float("inf")), *lat)
+        best = f"{self.best[e['task']]:.4f} ms" if e["task"] in self.best else "-"
+        if e["task"] not in self.ids:
+            self.ids[e["task"]] = self.bars.add_task(e["task"], total=e["budget"], best=best)
+        self.bars.update(self.ids[e["task"]], completed=e["trials"], best=best)
+
+    def __exit__(self, *exc):
+        self.unsubscribe()
+        self.bars.stop()
+
+
 def _prefect_env() -> None:
     """Settings that make a local, serverless run work on a slow machine."""
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "vta_pipeline")
     os.environ.setdefault("PREFECT_RESULTS_PERSIST_BY_DEFAULT", "true")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
 # ---- tasks ---------------------------------------------------------------------------------------

@@ -1,0 +1,87 @@
+"""The command line: user errors are one clear line and exit status 2, no traceback."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from vta_pipeline.cli.main import app
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["run", "--model", "resnet81", "--source", "torchvision"], "Close matches: resnet18"),
+        (["run", "--source", "caffe"], "model.source"),
+        (["run", "--source", "onnx", "--onnx-path", "/nonexistent.onnx"], "/nonexistent.onnx does not exist"),
+        (["run", "--target", "hots"], "Did you mean host"),
+        (["run", "--target", '{"kind": "llvm"'], "valid JSON"),
+        (["run", "--tracker", "nohost"], "HOST:PORT"),
+        (["run", "--trials-per-task", "0"], "tune.trials_per_task"),
+        (["run", "--input-shape", "1,3,a,b"], "--input-shape"),
+        (["run", "--cache", "sometimes"], "--cache"),
+        (["run", "--tracker", "127.0.0.1:1"], "python -m tvm.exec.rpc_tracker"),
+        (["tasks", "--model", "nope"], "unknown builtin model"),
+        (["report", "--store", "/nonexistent-store"], "no finished runs"),
+    ],
+)
+def test_user_errors(args, needle, tmp_path):
+    if "--store" not in args and args[0] != "report":
+        args = [*args, "--store", str(tmp_path / "s")]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    assert needle in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "s" / "steps").exists() or not any((tmp_path / "s" / "steps").iterdir())
+
+
+def test_config_file_with_unknown_key(tmp_path):
+    f = tmp_path / "nightly.json"
+    f.write_text(json.dumps({"tune": {"trials": 5}}))
+    r = runner.invoke(app, ["run", "--config", str(f), "--store", str(tmp_path / "s")])
+    assert r.exit_code == 2 and "tune.trials" in r.output and "nightly.json" in r.output
+
+
+def test_tracker_down_fails_within_seconds(tmp_path):
+    import time
+
+    t = time.time()
+    r = runner.invoke(app, ["run", "--tracker", "127.0.0.1:9", "--store", str(tmp_path / "s")])
+    assert r.exit_code == 2 and "127.0.0.1:9" in r.output
+    assert time.time() - t < 30
+
+
+def test_board_up_status_down(tmp_path):
+    env = {"VTA_PIPELINE_BOARD_STATE": str(tmp_path / "board.json")}
+    import os
+
+    full = dict(os.environ, **env)
+    cli = [sys.executable, "-m", "vta_pipeline.cli", "board"]
+    from vta_pipeline.boards import free_port
+
+    port = free_port()
+    up = subprocess.run([*cli, "up", "--key", "cli", "--servers", "1", "--port", str(port)],
+                        env=full, capture_output=True, text=True, timeout=180)
+    try:
+        assert up.returncode == 0, up.stderr
+        status = subprocess.run([*cli, "status"], env=full, capture_output=True, text=True, timeout=60)
+        assert "server:cli" in status.stdout and "Queue Status" in status.stdout
+    finally:
+        down = subprocess.run([*cli, "down"], env=full, capture_output=True, text=True, timeout=60)
+    assert "stopped the board" in down.stdout
+    from vta_pipeline.boards import port_open
+
+    import time
+
+    time.sleep(1)
+    assert not port_open("127.0.0.1", port)
+
+
+def test_targets_and_models_listings():
+    r = runner.invoke(app, ["targets"])
+    assert r.exit_code == 0 and '"kind": "llvm"' in r.stdout
+    r = runner.invoke(app, ["models", "--source", "torchvision"])
+    assert "resnet18" in r.stdout.split() and "mobilenet_v2" in r.stdout.split()
