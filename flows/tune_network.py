@@ -17,6 +17,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
 
+from tasks.common import results_dir
 from tasks.deploy import build, evaluate
 from tasks.model import extract_tasks, fetch_model
 from tasks.tune import pick_best, tune_task
@@ -43,6 +44,10 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
     check_model(cfg.model)
     store = ArtifactStore(cfg.store, CachePolicy(cache))
     root = str(store.root)
+    res = {"result_storage": results_dir(root)}
+    fetch_model_, extract_tasks_, tune_task_, pick_best_, build_, evaluate_ = (
+        t.with_options(**res) for t in (fetch_model, extract_tasks, tune_task, pick_best, build, evaluate)
+    )
     key = cfg.board.key
     with ExitStack() as stack:
         if cfg.board.tracker is None:
@@ -58,8 +63,8 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
             n_boards = min(n_boards, cfg.board.max_boards)
         logger.info("tracker %s: %d board(s) under key %r", tracker, n_boards, key)
 
-        fetched = fetch_model(root, cfg.model.model_dump(mode="json"), cache)
-        extracted = extract_tasks(root, fetched, cfg.target, cache)
+        fetched = fetch_model_(root, cfg.model.model_dump(mode="json"), cache)
+        extracted = extract_tasks_(root, fetched, cfg.target, cache)
         tasks = select_tasks(load_tasks(extracted["path"]), cfg.tune.task_filter)
         logger.info("%d tuning task(s): %s", len(tasks), ", ".join(t.name for t in tasks))
         if stop_after == "extract":
@@ -74,24 +79,24 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
         for t in tasks:
             if len(window) >= in_flight:
                 window.pop(0).wait()
-            f = tune_task.submit(
+            f = tune_task_.submit(
                 root, extracted, t.to_dict(), cfg.target, board,
                 cfg.tune.model_dump(mode="json"), cfg.measure.model_dump(mode="json"), cache,
             )
             futures.append(f)
             window.append(f)
         tuned = [f.result() for f in futures]
-        best = pick_best(root, tuned, cfg.target, cache)
+        best = pick_best_(root, tuned, cfg.target, cache)
         if stop_after == "tune":
             return {"best": best}
 
-        untuned_lib = build(root, extracted, None, cfg.target, "untuned", cache)
-        tuned_lib = build(root, extracted, best, cfg.target, "tuned", cache)
+        untuned_lib = build_(root, extracted, None, cfg.target, "untuned", cache)
+        tuned_lib = build_(root, extracted, best, cfg.target, "tuned", cache)
         if stop_after == "build":
             return {"untuned": untuned_lib, "tuned": tuned_lib}
         ev_cfg = cfg.evaluate.model_dump(mode="json")
-        ev_untuned = evaluate(root, untuned_lib, fetched, cfg.target, tracker, key, ev_cfg, "untuned", cache)
-        ev_tuned = evaluate(root, tuned_lib, fetched, cfg.target, tracker, key, ev_cfg, "tuned", cache)
+        ev_untuned = evaluate_(root, untuned_lib, fetched, cfg.target, tracker, key, ev_cfg, "untuned", cache)
+        ev_tuned = evaluate_(root, tuned_lib, fetched, cfg.target, tracker, key, ev_cfg, "tuned", cache)
 
     def meta(ref):
         return json.loads((store.root / "steps" / ref["step"] / ref["key"] / "manifest.json").read_text())["meta"]

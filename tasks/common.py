@@ -9,6 +9,7 @@ ids), never TVM objects or arrays.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -32,7 +33,11 @@ def store_cache_key(key_fn: KeyFn):
         if store.policy not in (CachePolicy.ON, CachePolicy.READONLY):
             return None
         art = store.lookup(step, key)
-        return f"{step}-{key}-{art.id}" if art else None
+        if art is None:
+            return None
+        # The store's root is part of the key: two stores never share Prefect cache entries.
+        where = hashlib.sha256(str(store.root).encode()).hexdigest()[:8]
+        return f"{step}-{key}-{art.id}-{where}"
 
     return cache_key
 
@@ -68,3 +73,13 @@ def _retry_settings() -> dict[str, Any]:
 
 
 RETRY = _retry_settings()
+
+# Results are small JSON refs; JSON (not pickle) so reading a result never runs code.
+RESULTS = {"persist_result": True, "result_serializer": "json"}
+
+
+def results_dir(store_root: str) -> Path:
+    """Prefect result storage lives in the store it describes."""
+    d = Path(store_root) / "prefect-results"
+    d.mkdir(parents=True, exist_ok=True)
+    return d

@@ -10,7 +10,7 @@ from vta_pipeline import steps
 from vta_pipeline.config import EvalConfig
 from vta_pipeline.targets import resolve_target
 
-from .common import RETRY, artifact, open_store, store_cache_key
+from .common import RESULTS, RETRY, artifact, open_store, store_cache_key
 
 
 def _build_key(p):
@@ -21,7 +21,7 @@ def _build_key(p):
     )
 
 
-@task(name="build", task_run_name="build-{label}", cache_key_fn=store_cache_key(_build_key), persist_result=True)
+@task(name="build", task_run_name="build-{label}", cache_key_fn=store_cache_key(_build_key), **RESULTS)
 def build(store_root: str, extracted: dict[str, str], best: dict[str, str] | None, target: str,
           label: str = "tuned", cache: str = "on") -> dict[str, str]:
     store = open_store(store_root, cache)
@@ -40,7 +40,7 @@ def _eval_key(p):
     name="upload-evaluate",
     task_run_name="evaluate-{label}",
     cache_key_fn=store_cache_key(_eval_key),
-    persist_result=True,
+    **RESULTS,
     **RETRY,
 )
 def evaluate(store_root: str, built: dict[str, str], fetched: dict[str, str], target: str,

@@ -10,7 +10,7 @@ from vta_pipeline import steps
 from vta_pipeline.config import ModelConfig
 from vta_pipeline.targets import resolve_target
 
-from .common import artifact, open_store, store_cache_key
+from .common import RESULTS, artifact, open_store, store_cache_key
 
 
 def _fetch_key(p):
@@ -18,7 +18,7 @@ def _fetch_key(p):
     return store, "fetch", steps.fetch_key(store, ModelConfig(**p["model"]))
 
 
-@task(name="fetch-model", cache_key_fn=store_cache_key(_fetch_key), persist_result=True)
+@task(name="fetch-model", cache_key_fn=store_cache_key(_fetch_key), **RESULTS)
 def fetch_model(store_root: str, model: dict[str, Any], cache: str = "on") -> dict[str, str]:
     store = open_store(store_root, cache)
     return steps.fetch_step(store, ModelConfig(**model)).ref()
@@ -29,7 +29,7 @@ def _extract_key(p):
     return store, "extract", steps.extract_key(store, p["fetched"]["artifact_id"], resolve_target(p["target"]))
 
 
-@task(name="extract-tasks", cache_key_fn=store_cache_key(_extract_key), persist_result=True)
+@task(name="extract-tasks", cache_key_fn=store_cache_key(_extract_key), **RESULTS)
 def extract_tasks(store_root: str, fetched: dict[str, str], target: str, cache: str = "on") -> dict[str, str]:
     store = open_store(store_root, cache)
     return steps.extract_step(store, artifact(store, fetched), resolve_target(target)).ref()

@@ -14,7 +14,7 @@ from vta_pipeline.extract import TaskInfo
 from vta_pipeline.targets import resolve_target
 from vta_pipeline.tuning import BoardSpec
 
-from .common import RETRY, artifact, open_store, store_cache_key
+from .common import RESULTS, RETRY, artifact, open_store, store_cache_key
 
 
 def _tune_key(p):
@@ -30,7 +30,7 @@ def _tune_key(p):
     name="tune-task",
     task_run_name="tune-{task[name]}",
     cache_key_fn=store_cache_key(_tune_key),
-    persist_result=True,
+    **RESULTS,
     **RETRY,
 )
 def tune_task(
@@ -68,7 +68,7 @@ def _best_key(p):
     return store, "pick_best", steps.pick_best_key(store, [r["artifact_id"] for r in p["tuned"]], resolve_target(p["target"]))
 
 
-@task(name="pick-best", cache_key_fn=store_cache_key(_best_key), persist_result=True)
+@task(name="pick-best", cache_key_fn=store_cache_key(_best_key), **RESULTS)
 def pick_best(store_root: str, tuned: list[dict[str, str]], target: str, cache: str = "on") -> dict[str, str]:
     store = open_store(store_root, cache)
     return steps.pick_best_step(store, [artifact(store, r) for r in tuned], resolve_target(target)).ref()

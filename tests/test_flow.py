@@ -25,6 +25,14 @@ def _cfg(store, tracker, key, trials=4, seed=0):
     }).model_dump(mode="json")
 
 
+def _task_runs(flow_run_id):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        return client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+
+
 def _computed(store, since=0):
     return sorted({e["step"] for e in store.events() if e["event"] == "computed" and e["t"] >= since})
 
@@ -43,9 +51,14 @@ def test_flow_end_to_end_then_cached_then_partially_recomputed(prefect_harness, 
 
     # Same inputs, new flow run: nothing is computed again.
     t1 = time.time()
-    again = tune_network(_cfg(store.root, board.tracker, board.key))
+    state = tune_network(_cfg(store.root, board.tracker, board.key), return_state=True)
+    again = state.result()
     assert _computed(store, t1) == []
     assert again["tuned"]["mean_ms"] == result["tuned"]["mean_ms"]
+    # ...and Prefect shows every step of that run as Cached, each tuning task by name.
+    runs = _task_runs(state.state_details.flow_run_id)
+    assert {r.state_name for r in runs} == {"Cached"}
+    assert {r.name for r in runs if r.name.startswith("tune-")} == {f"tune-{t['task']}" for t in result["tasks"]}
 
     # A bigger budget: tuning continues from the records; fetch and extract are reused.
     t2 = time.time()
