@@ -61,7 +61,9 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
         n_boards = boards.preflight(host, port, key)
         if cfg.board.max_boards:
             n_boards = min(n_boards, cfg.board.max_boards)
-        logger.info("tracker %s: %d board(s) under key %r", tracker, n_boards, key)
+        health_ms = boards.health_check(host, port, key, dict(target.target_json))
+        logger.info("tracker %s: %d board(s) under key %r; health check passed (%.4f ms)",
+                    tracker, n_boards, key, health_ms)
 
         fetched = fetch_model_(root, cfg.model.model_dump(mode="json"), cache)
         extracted = extract_tasks_(root, fetched, cfg.target, cache)

@@ -26,20 +26,33 @@ def open_store(root: str, policy: str = "on") -> ArtifactStore:
 
 
 def store_cache_key(key_fn: KeyFn):
-    """Build a Prefect cache_key_fn from a function of the task's parameters."""
+    """Build a Prefect cache_key_fn from a function of the task's parameters.
+
+    The key is the store's content key (scoped to the store's root). Prefect keeps its
+    cache record for a key as a file of that name in the store's result storage; when the
+    store has no verified artifact for the key (never computed, deleted or edited behind
+    our back) that record is stale and is deleted, so Prefect runs the task and the store
+    recomputes the artifact.
+    """
 
     def cache_key(context, parameters: dict[str, Any]) -> str | None:
         store, step, key = key_fn(parameters)
         if store.policy not in (CachePolicy.ON, CachePolicy.READONLY):
             return None
-        art = store.lookup(step, key)
-        if art is None:
-            return None
-        # The store's root is part of the key: two stores never share Prefect cache entries.
         where = hashlib.sha256(str(store.root).encode()).hexdigest()[:8]
-        return f"{step}-{key}-{art.id}-{where}"
+        prefect_key = f"{step}-{key}-{where}"
+        if store.lookup(step, key) is None:
+            (results_dir(str(store.root)) / prefect_key).unlink(missing_ok=True)
+        return prefect_key
 
     return cache_key
+
+
+def current_id(store: ArtifactStore, ref: dict[str, str]) -> str:
+    """The artifact id of an upstream ref as the store has it now (it may have been
+    recomputed since the ref was cached)."""
+    art = store.lookup(ref["step"], ref["key"])
+    return art.id if art else ref["artifact_id"]
 
 
 def artifact(store: ArtifactStore, ref: dict[str, str]) -> Artifact:

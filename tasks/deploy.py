@@ -10,14 +10,14 @@ from vta_pipeline import steps
 from vta_pipeline.config import EvalConfig
 from vta_pipeline.targets import resolve_target
 
-from .common import RESULTS, RETRY, artifact, open_store, store_cache_key
+from .common import RESULTS, current_id, RETRY, artifact, open_store, store_cache_key
 
 
 def _build_key(p):
     store = open_store(p["store_root"], p.get("cache", "on"))
     best = p.get("best")
     return store, "build", steps.build_key(
-        store, p["extracted"]["artifact_id"], best["artifact_id"] if best else None, resolve_target(p["target"])
+        store, current_id(store, p["extracted"]), current_id(store, best) if best else None, resolve_target(p["target"])
     )
 
 
@@ -32,7 +32,7 @@ def build(store_root: str, extracted: dict[str, str], best: dict[str, str] | Non
 def _eval_key(p):
     store = open_store(p["store_root"], p.get("cache", "on"))
     return store, "evaluate", steps.evaluate_key(
-        store, p["built"]["artifact_id"], p["fetched"]["artifact_id"], EvalConfig(**p["evaluate"]), p["board_key"]
+        store, current_id(store, p["built"]), current_id(store, p["fetched"]), EvalConfig(**p["evaluate"]), p["board_key"]
     )
 
 

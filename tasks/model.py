@@ -10,7 +10,7 @@ from vta_pipeline import steps
 from vta_pipeline.config import ModelConfig
 from vta_pipeline.targets import resolve_target
 
-from .common import RESULTS, artifact, open_store, store_cache_key
+from .common import RESULTS, current_id, artifact, open_store, store_cache_key
 
 
 def _fetch_key(p):
@@ -26,7 +26,7 @@ def fetch_model(store_root: str, model: dict[str, Any], cache: str = "on") -> di
 
 def _extract_key(p):
     store = open_store(p["store_root"], p.get("cache", "on"))
-    return store, "extract", steps.extract_key(store, p["fetched"]["artifact_id"], resolve_target(p["target"]))
+    return store, "extract", steps.extract_key(store, current_id(store, p["fetched"]), resolve_target(p["target"]))
 
 
 @task(name="extract-tasks", cache_key_fn=store_cache_key(_extract_key), **RESULTS)

@@ -14,7 +14,7 @@ from vta_pipeline.extract import TaskInfo
 from vta_pipeline.targets import resolve_target
 from vta_pipeline.tuning import BoardSpec
 
-from .common import RESULTS, RETRY, artifact, open_store, store_cache_key
+from .common import RESULTS, current_id, RETRY, artifact, open_store, store_cache_key
 
 
 def _tune_key(p):
@@ -65,7 +65,7 @@ def tune_task(
 
 def _best_key(p):
     store = open_store(p["store_root"], p.get("cache", "on"))
-    return store, "pick_best", steps.pick_best_key(store, [r["artifact_id"] for r in p["tuned"]], resolve_target(p["target"]))
+    return store, "pick_best", steps.pick_best_key(store, [current_id(store, r) for r in p["tuned"]], resolve_target(p["target"]))
 
 
 @task(name="pick-best", cache_key_fn=store_cache_key(_best_key), **RESULTS)

@@ -60,6 +60,13 @@ def test_flow_end_to_end_then_cached_then_partially_recomputed(prefect_harness, 
     assert {r.state_name for r in runs} == {"Cached"}
     assert {r.name for r in runs if r.name.startswith("tune-")} == {f"tune-{t['task']}" for t in result["tasks"]}
 
+    # An artifact deleted behind the store's back is recomputed, not taken from Prefect's cache.
+    lib = next(a for a in store.find("build") if a.meta["tuned"])
+    lib.file("model.so").unlink()
+    t_del = time.time()
+    tune_network(_cfg(store.root, board.tracker, board.key))
+    assert _computed(store, t_del) == ["build"]  # same bytes again, so evaluate stays cached
+
     # A bigger budget: tuning continues from the records; fetch and extract are reused.
     t2 = time.time()
     more = tune_network(_cfg(store.root, board.tracker, board.key, trials=6))

@@ -203,3 +203,55 @@ def stop_from_state(state_file: Path) -> dict[str, Any] | None:
         _terminate(pid, signal.SIGKILL)
     state_file.unlink()
     return state
+
+
+def health_check(host: str, port: int, key: str, target_spec: dict[str, Any], timeout_s: float = 120.0) -> float:
+    """Run a trivial kernel (y = x + 1) on a board under `key`; return its run time in ms.
+
+    Catches, before a night of tuning, a board that is registered but cannot run what we
+    build for it (wrong target or ABI, missing runtime, a hung server). CPU targets only;
+    GPU kinds are checked by their first measurements.
+    """
+    import tempfile
+    import threading
+
+    import numpy as np
+    import tvm
+    from tvm import rpc, te
+
+    if target_spec.get("kind") != "llvm":
+        return 0.0
+    n = 1024
+    a = te.placeholder((n,), name="a", dtype="float32")
+    b = te.compute((n,), lambda i: a[i] + 1.0, name="b")
+    lib = tvm.compile(tvm.IRModule({"main": te.create_prim_func([a, b])}), target=tvm.target.Target(target_spec))
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            remote = rpc.connect_tracker(host, port).request(key, priority=1, session_timeout=int(timeout_s))
+            with tempfile.TemporaryDirectory() as d:
+                path = f"{d}/vta_pipeline_health.so"
+                lib.export_library(path)
+                remote.upload(path)
+                f = remote.load_module("vta_pipeline_health.so")
+            dev = remote.cpu(0)
+            x = np.arange(n, dtype="float32")
+            xd, yd = tvm.runtime.tensor(x, dev), tvm.runtime.tensor(np.zeros(n, "float32"), dev)
+            f(xd, yd)
+            outcome["ok"] = bool(np.array_equal(yd.numpy(), x + 1))
+            outcome["ms"] = f.time_evaluator(f.entry_name, dev, number=10)(xd, yd).mean * 1e3
+        except Exception as e:  # reported below with the key and the tracker
+            outcome["error"] = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    where = f"key {key!r} at the tracker {host}:{port}"
+    if t.is_alive():
+        raise BoardError(f"health check: a board under {where} did not answer within {timeout_s:.0f} s (hung board?)")
+    if "error" in outcome:
+        raise BoardError(f"health check: a board under {where} cannot run a trivial kernel: {outcome['error']}")
+    if not outcome.get("ok"):
+        raise BoardError(f"health check: a board under {where} computed a wrong result for y = x + 1")
+    return float(outcome["ms"])

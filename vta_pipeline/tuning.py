@@ -109,6 +109,8 @@ def _mean_secs(run_secs) -> float:
 # ---- the guarded search strategy ----------------------------------------------------------------
 def _make_guarded_search(inner, *, known_hashes: set[int], early_stopping: int | None,
                          fail_fast: int, best0: float, since_best0: int):
+    """`fail_fast`: stop after this many failed measurements in a row (a broken setup if
+    nothing was measured yet, lost boards otherwise)."""
     from tvm_ffi import structural_hash
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
@@ -124,6 +126,7 @@ def _make_guarded_search(inner, *, known_hashes: set[int], early_stopping: int |
             self.since_best = since_best0
             self.run_valid = 0
             self.run_failed = 0
+            self.failed_in_row = 0
             self.errors: list[str] = []
             self.stop_reason: str | None = None
 
@@ -163,17 +166,19 @@ def _make_guarded_search(inner, *, known_hashes: set[int], early_stopping: int |
                 secs = _mean_secs(r.run_secs) if r.error_msg is None else FAILED
                 if secs >= FAILED:
                     self.run_failed += 1
+                    self.failed_in_row += 1
                     if r.error_msg and len(self.errors) < 5:
                         self.errors.append(str(r.error_msg).strip()[-2000:])
                     self.since_best += 1
                     continue
                 self.run_valid += 1
+                self.failed_in_row = 0
                 if secs < self.best:
                     self.best, self.since_best = secs, 0
                 else:
                     self.since_best += 1
             self.inner.notify_runner_results(measure_candidates, results)
-            if self.run_valid == 0 and self.run_failed >= fail_fast:
+            if self.failed_in_row >= fail_fast:
                 self.stop_reason = "all-failed"
             elif early_stopping and self.since_best >= early_stopping and self.best < FAILED:
                 self.stop_reason = "early-stopping"
@@ -217,6 +222,94 @@ def _make_log_callback(work_dir: Path, task_name: str, progress: Callable[[dict[
                 progress(event)
 
     return TrialLog()
+
+
+# ---- the runner ----------------------------------------------------------------------------------
+def make_runner(board: BoardSpec, measure: MeasureConfig):
+    """MetaSchedule's RPCRunner with a client-side deadline on every measurement.
+
+    RPCRunner's worker pool has no timeout: a board that accepts a session and never
+    answers (frozen, hung driver), or a key whose boards are all gone (the tracker queues
+    the request forever), hangs tuning for good, and the finished measurements of that
+    batch are never written. Giving the pool a timeout makes TVM kill the stuck worker and
+    report "RPCRunner: Timeout" for that candidate; the tracker never hands the hung board
+    out again (it stays checked out), so tuning goes on with the others.
+    """
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.support.popen_pool import PopenPoolExecutor
+
+    workers = max(1, board.num_boards)
+    runner = ms.runner.RPCRunner(
+        rpc_config=ms.runner.RPCConfig(
+            tracker_host=board.tracker_host,
+            tracker_port=board.tracker_port,
+            tracker_key=board.key,
+            session_timeout_sec=measure.timeout_s,
+        ),
+        evaluator_config=ms.runner.EvaluatorConfig(
+            number=measure.number,
+            repeat=measure.repeat,
+            min_repeat_ms=measure.min_repeat_ms,
+            enable_cpu_cache_flush=measure.enable_cpu_cache_flush,
+        ),
+        max_workers=workers,
+    )
+    runner.pool.shutdown()
+    runner.pool = PopenPoolExecutor(max_workers=workers, timeout=measure.timeout_s + WORKER_GRACE_S)
+    return runner
+
+
+WORKER_GRACE_S = 10  # a fresh runner worker imports TVM before it can start the session
+
+
+# ---- corrupted records ---------------------------------------------------------------------------
+def repair_database(work_dir: Path) -> list[str]:
+    """Set aside lines of the task's database files that do not parse; keep the rest.
+
+    Returns one message per file repaired (file name and line numbers); the bad lines are
+    appended to `<file>.corrupt` so nothing is thrown away."""
+    msgs = []
+    wl_path = Path(work_dir) / "database_workload.json"
+    rec_path = Path(work_dir) / "database_tuning_record.json"
+    n_workloads = 0
+    for path, check in ((wl_path, _valid_workload_line), (rec_path, None)):
+        if not path.exists():
+            continue
+        good, bad = [], []
+        for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            ok = check(line) if check else _valid_record_line(line, n_workloads)
+            (good if ok else bad).append((i, line))
+        if path is wl_path:
+            n_workloads = len(good)
+        if bad:
+            with open(path.with_name(path.name + ".corrupt"), "a") as f:
+                for i, line in bad:
+                    f.write(line + "\n")
+            atomic_write_text(path, "".join(line + "\n" for _, line in good))
+            msgs.append(
+                f"{path}: set aside {len(bad)} corrupted line(s) (line {', '.join(str(i) for i, _ in bad[:10])}) "
+                f"in {path.name}.corrupt; kept {len(good)} valid line(s)"
+            )
+    return msgs
+
+
+def _valid_workload_line(line: str) -> bool:
+    try:
+        v = json.loads(line)
+        return isinstance(v, list) and len(v) == 2 and isinstance(v[1], str)
+    except ValueError:
+        return False
+
+
+def _valid_record_line(line: str, n_workloads: int) -> bool:
+    try:
+        v = json.loads(line)
+        return (isinstance(v, list) and len(v) == 2 and isinstance(v[0], int) and 0 <= v[0] < n_workloads
+                and isinstance(v[1], list) and len(v[1]) >= 2)
+    except ValueError:
+        return False
 
 
 # ---- one task ------------------------------------------------------------------------------------
@@ -273,31 +366,68 @@ def tune_task(
     work_dir: Path,
     progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> TuneOutcome:
-    """Tune one task until it has `tune.trials_per_task` measured trials (or stops early).
+    """Tune one task until it has `tune.trials_per_task` valid measurements (or stops early).
 
-    Safe to call again after a kill: it continues from the records in `work_dir`.
+    Safe to call again after a kill: it continues from the records in `work_dir`. Failed
+    measurements (a board that died or hung) are logged as errors and do not count toward
+    the budget; a run of `fail_fast` failures in a row raises TuningAborted (a BoardError,
+    which the flow retries) with the boards' own messages, after keeping every record.
     """
+    from filelock import FileLock
+
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(work_dir / "lock")):  # two runs never tune the same records at once
+        return _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board, tune, measure,
+                            work_dir, progress)
+
+
+MAX_ROUNDS = 4  # rounds to make up for failed measurements before giving up on the budget
+
+
+def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board, tune, measure, work_dir,
+                 progress) -> TuneOutcome:
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    work_dir = Path(work_dir)
+    from .boards import count_servers, tracker_down_message
+
+    for msg in repair_database(work_dir):
+        log.warning("task %s: %s", task_name, msg)
     target = tvm.target.Target(target_spec)
     workload_mod = tvm.ir.load_json(Path(task_file).read_text())
-    db = ms.database.JSONDatabase(work_dir=str(work_dir))
-    done = len(_records(db))
-    lats, best0, since0 = _history(work_dir)
-    remaining = tune.trials_per_task - done
     state = read_state(work_dir)
-    if state.get("status") == "finished" and state.get("budget", 0) >= tune.trials_per_task:
-        remaining = 0  # stopped early (or exhausted) at this budget before: do not tune again
-    elif tune.early_stopping and best0 < FAILED and since0 >= tune.early_stopping:
-        remaining = 0
-    stopped = "budget"
-    trials_before = done
-    if remaining > 0:
-        write_state(work_dir, status="tuning", task=task_name, budget=tune.trials_per_task, done=done)
-        publish({"task": task_name, "trials": done, "budget": tune.trials_per_task, "batch": []})
-        log.info("task %s: %d of %d trials done, tuning %d more", task_name, done, tune.trials_per_task, remaining)
+    trials_before = len(read_trials(work_dir))
+    stopped = state.get("stopped", "budget") if state.get("status") == "finished" else "budget"
+    finished_at_budget = state.get("status") == "finished" and state.get("budget", 0) >= tune.trials_per_task
+    for _round in range(MAX_ROUNDS):
+        db = ms.database.JSONDatabase(work_dir=str(work_dir))
+        lats, best0, since0 = _history(work_dir)
+        valid = sum(v < FAILED for v in lats)
+        remaining = tune.trials_per_task - valid
+        if remaining <= 0 or finished_at_budget:
+            break
+        if tune.early_stopping and best0 < FAILED and since0 >= tune.early_stopping:
+            stopped = "early-stopping"
+            break
+        try:
+            n_boards = count_servers(board.tracker_host, board.tracker_port, board.key)
+        except BoardError:
+            raise BoardError(
+                f"task {task_name}: " + tracker_down_message(board.tracker_host, board.tracker_port)
+            ) from None
+        if n_boards == 0:
+            raise BoardError(
+                f"task {task_name}: no board under key {board.key!r} at the tracker "
+                f"{board.tracker_host}:{board.tracker_port} ({valid} of {tune.trials_per_task} trials done and kept). "
+                f"Start one with `python -m tvm.exec.rpc_server --tracker {board.tracker_host}:{board.tracker_port} "
+                f"--key {board.key}` and rerun: tuning continues from the records"
+            )
+        done = len(lats)
+        write_state(work_dir, status="tuning", task=task_name, budget=tune.trials_per_task, done=done, valid=valid)
+        publish({"task": task_name, "trials": valid, "budget": tune.trials_per_task, "batch": []})
+        log.info("task %s: %d of %d valid trials done, tuning %d more", task_name, valid, tune.trials_per_task,
+                 remaining)
         inner = (
             ms.search_strategy.EvolutionarySearch()
             if tune.search == "evolutionary"
@@ -307,7 +437,7 @@ def tune_task(
             inner,
             known_hashes=_known_hashes(db, workload_mod),
             early_stopping=tune.early_stopping,
-            fail_fast=min(tune.trials_per_batch, remaining, 8),
+            fail_fast=max(2, min(tune.trials_per_batch, 8)),
             best0=best0,
             since_best0=since0,
         )
@@ -320,25 +450,10 @@ def tune_task(
             rand_state=tune.seed + done,  # a resumed run must not replay the same random stream
             num_threads="physical",
         )
-        runner = ms.runner.RPCRunner(
-            rpc_config=ms.runner.RPCConfig(
-                tracker_host=board.tracker_host,
-                tracker_port=board.tracker_port,
-                tracker_key=board.key,
-                session_timeout_sec=measure.timeout_s,
-            ),
-            evaluator_config=ms.runner.EvaluatorConfig(
-                number=measure.number,
-                repeat=measure.repeat,
-                min_repeat_ms=measure.min_repeat_ms,
-                enable_cpu_cache_flush=measure.enable_cpu_cache_flush,
-            ),
-            max_workers=max(1, board.num_boards),
-        )
         from .ms_build import make_builder
 
-        callbacks = ms.measure_callback.MeasureCallback.create("default")
-        callbacks = list(callbacks) + [_make_log_callback(work_dir, task_name, progress, done, tune.trials_per_task)]
+        callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
+        callbacks.append(_make_log_callback(work_dir, task_name, progress, done, tune.trials_per_task))
         ms.tune_tasks(
             tasks=[ctx],
             task_weights=[1.0],
@@ -346,7 +461,8 @@ def tune_task(
             max_trials_global=remaining,
             num_trials_per_iter=min(tune.trials_per_batch, remaining),
             builder=make_builder(tune.builder_timeout_s),
-            runner=runner,
+            runner=make_runner(BoardSpec(board.tracker_host, board.tracker_port, board.key,
+                                         min(board.num_boards, n_boards)), measure),
             database=db,
             cost_model=ms.cost_model.CostModel.create(tune.cost_model, num_tuning_cores=1)
             if tune.cost_model == "xgb"
@@ -354,20 +470,27 @@ def tune_task(
             measure_callbacks=callbacks,
             task_scheduler="round-robin",
         )
-        stopped = guard.stop_reason or "budget"
         if guard.stop_reason == "all-failed":
+            lats, _, _ = _history(work_dir)
+            valid = sum(v < FAILED for v in lats)
             write_state(work_dir, status="failed", task=task_name, budget=tune.trials_per_task,
-                        done=len(_records(db)), errors=guard.errors)
+                        done=len(lats), valid=valid, errors=guard.errors)
+            what = ("none of its measurements succeeded: the setup is broken"
+                    if valid == 0 else f"its last {guard.failed_in_row} measurements failed: boards lost")
             raise TuningAborted(
-                f"task {task_name}: all {guard.run_failed} measurements on key {board.key!r} at "
-                f"{board.tracker_host}:{board.tracker_port} failed; the board said:\n  "
+                f"task {task_name} on key {board.key!r} at the tracker {board.tracker_host}:{board.tracker_port}: "
+                f"{what} ({valid} valid trials kept in {work_dir}). The board said:\n  "
                 + "\n  ".join(guard.errors[:3] or ["(no message)"])
             )
-    else:
-        stopped = state.get("stopped", "budget")
+        if guard.stop_reason in ("early-stopping", "search-exhausted"):
+            stopped = guard.stop_reason
+            break
+        if guard.run_valid == 0:  # nothing new could be measured: do not spin
+            stopped = "search-exhausted"
+            break
     lats, best, _ = _history(work_dir)
-    trials = max(len(lats), len(_records(db)))
-    write_state(work_dir, status="finished", task=task_name, budget=tune.trials_per_task, done=trials, stopped=stopped)
+    write_state(work_dir, status="finished", task=task_name, budget=tune.trials_per_task, done=len(lats),
+                stopped=stopped)
     curve, b = [], FAILED
     for i, v in enumerate(lats, 1):
         b = min(b, v)
@@ -376,10 +499,10 @@ def tune_task(
     return TuneOutcome(
         task=task_name,
         workload_hash=workload_hash,
-        trials=trials,
-        trials_this_run=trials - trials_before,
+        trials=valid,
+        trials_this_run=len(lats) - trials_before,
         valid=valid,
-        errors=trials - valid,
+        errors=len(lats) - valid,
         best_latency_ms=best * 1e3 if best < FAILED else None,
         best_gflops=(flops / best / 1e9) if best < FAILED and flops else None,
         flops=flops,
