@@ -17,7 +17,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
 
-from tasks.common import results_dir
+from tasks.common import results_dir, retry_settings
 from tasks.deploy import build, evaluate
 from tasks.model import extract_tasks, fetch_model
 from tasks.tune import pick_best, tune_task
@@ -45,9 +45,11 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
     store = ArtifactStore(cfg.store, CachePolicy(cache))
     root = str(store.root)
     res = {"result_storage": results_dir(root)}
-    fetch_model_, extract_tasks_, tune_task_, pick_best_, build_, evaluate_ = (
-        t.with_options(**res) for t in (fetch_model, extract_tasks, tune_task, pick_best, build, evaluate)
+    retry = retry_settings()  # read per run, so a deployment can change it without a redeploy
+    fetch_model_, extract_tasks_, pick_best_, build_ = (
+        t.with_options(**res) for t in (fetch_model, extract_tasks, pick_best, build)
     )
+    tune_task_, evaluate_ = (t.with_options(**res, **retry) for t in (tune_task, evaluate))
     key = cfg.board.key
     with ExitStack() as stack:
         if cfg.board.tracker is None:

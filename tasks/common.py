@@ -77,7 +77,7 @@ def is_board_fault(task, task_run, state) -> bool:
     return False
 
 
-def _retry_settings() -> dict[str, Any]:
+def retry_settings() -> dict[str, Any]:
     """Board-fault retries: VTA_PIPELINE_BOARD_RETRIES (default 2) and
     VTA_PIPELINE_RETRY_DELAYS (seconds, comma separated, default "30,120")."""
     retries = int(os.environ.get("VTA_PIPELINE_BOARD_RETRIES", "2"))
@@ -85,7 +85,7 @@ def _retry_settings() -> dict[str, Any]:
     return {"retries": retries, "retry_delay_seconds": delays or 0, "retry_condition_fn": is_board_fault}
 
 
-RETRY = _retry_settings()
+RETRY = retry_settings()
 
 # Results are small JSON refs; JSON (not pickle) so reading a result never runs code.
 RESULTS = {"persist_result": True, "result_serializer": "json"}

@@ -1,0 +1,227 @@
+"""Fault injection with real processes: boards that die or hang, killed runs, broken setups.
+
+Every test uses its own local board (tracker + rpc servers on 127.0.0.1), because the
+tests kill and freeze those servers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from vta_pipeline import steps
+from vta_pipeline.boards import LocalBoard, count_servers, health_check
+from vta_pipeline.config import MeasureConfig, ModelConfig, TuneConfig, build_config
+from vta_pipeline.errors import BoardError
+from vta_pipeline.extract import load_tasks
+from vta_pipeline.store import ArtifactStore
+from vta_pipeline.tuning import (BoardSpec, TuningAborted, read_trials, repair_database, task_work_dir,
+                                 tune_task)
+
+pytestmark = pytest.mark.slow
+FAST = MeasureConfig(number=2, timeout_s=5)
+
+
+def _conv(extracted, i=0):
+    return [t for t in load_tasks(extracted.path) if t.op == "conv2d"][i]
+
+
+def _tune_args(extracted, task, target, board, n=2):
+    return (extracted.path / task.file, task.name, task.flops, task.workload_hash, target.target_json,
+            BoardSpec(board.host, board.port, board.key, n))
+
+
+def _wait_for(pred, timeout=600, what="condition"):
+    deadline = time.time() + timeout
+    while not pred():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _kill(proc, sig=signal.SIGKILL):
+    os.killpg(proc.pid, sig)
+
+
+# ---- 1. one of two boards dies mid-tuning --------------------------------------------------------
+def test_one_board_dies_mid_tuning_and_the_other_finishes_the_budget(micronet, host_target, tmp_path):
+    _, extracted = micronet
+    task = _conv(extracted)
+    work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
+    with LocalBoard(key="f1", num_servers=2) as b:
+        out = {}
+        t = threading.Thread(target=lambda: out.setdefault("r", tune_task(
+            *_tune_args(extracted, task, host_target, b), TuneConfig(trials_per_task=12, trials_per_batch=4),
+            FAST, work)))
+        t.start()
+        _wait_for(lambda: len(read_trials(work)) >= 4, what="the first batch")
+        _kill(b.servers[0])
+        t.join(600)
+        r = out["r"]
+        assert r.valid == 12  # the budget is spent on valid measurements
+        rows = read_trials(work)
+        assert all((row["error"] is None) == (row["latency_ms"] is not None) for row in rows)
+        assert r.best_latency_ms == min(row["latency_ms"] for row in rows if row["latency_ms"] is not None)
+        assert count_servers(b.host, b.port, "f1") == 1
+
+
+# ---- 3. a board that hangs -----------------------------------------------------------------------
+def test_hung_board_times_out_and_is_not_used_again(micronet, host_target, tmp_path):
+    _, extracted = micronet
+    task = _conv(extracted, 1)
+    work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
+    with LocalBoard(key="f3", num_servers=2) as b:
+        _kill(b.servers[0], signal.SIGSTOP)  # accepts connections, never answers
+        try:
+            r = tune_task(*_tune_args(extracted, task, host_target, b), TuneConfig(trials_per_task=8, trials_per_batch=4),
+                          FAST, work)
+        finally:
+            _kill(b.servers[0], signal.SIGCONT)
+    errors = [row["error"] for row in read_trials(work) if row["error"]]
+    assert r.valid == 8
+    assert 1 <= len(errors) <= 2 and all("Timeout" in e for e in errors)
+
+
+# ---- 6. a broken setup stops at once with the board's messages ---------------------------------
+def test_all_failing_measurements_stop_the_task_with_the_messages(micronet, host_target, tmp_path, board):
+    _, extracted = micronet
+    task = _conv(extracted)
+    work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
+    t0 = time.time()
+    with pytest.raises(TuningAborted) as e:
+        tune_task(*_tune_args(extracted, task, host_target, board),
+                  TuneConfig(trials_per_task=64, trials_per_batch=4, builder_timeout_s=0.001), FAST, work)
+    assert "setup is broken" in str(e.value) and "Timeout" in str(e.value) and board.key in str(e.value)
+    assert len(read_trials(work)) <= 8  # stopped after the first failures, not after 64 trials
+    assert time.time() - t0 < 300
+
+
+def test_health_check_catches_a_board_that_cannot_run_the_target(board, host_target):
+    assert health_check(board.host, board.port, board.key, host_target.target_json) > 0
+    with pytest.raises(BoardError, match="cannot run a trivial kernel"):
+        health_check(board.host, board.port, board.key,
+                     {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "num-cores": 1})
+
+
+# ---- corrupted records ---------------------------------------------------------------------------
+def test_corrupted_record_lines_are_set_aside_and_valid_records_kept(micronet, host_target, board, tmp_path):
+    _, extracted = micronet
+    task = _conv(extracted)
+    work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
+    args = _tune_args(extracted, task, host_target, board)
+    tune_task(*args, TuneConfig(trials_per_task=4, trials_per_batch=4), FAST, work)
+    rec = work / "database_tuning_record.json"
+    lines = rec.read_text().splitlines()
+    rec.write_text("\n".join(lines[:2] + ['[0, [["garbage"', "not json at all"] + lines[2:]) + "\n")
+    msgs = repair_database(work)
+    assert len(msgs) == 1 and str(rec) in msgs[0] and "line 3, 4" in msgs[0] and "kept 4" in msgs[0]
+    assert len((work / "database_tuning_record.json.corrupt").read_text().splitlines()) == 2
+    again = tune_task(*args, TuneConfig(trials_per_task=4, trials_per_batch=4), FAST, work)
+    assert again.valid == 4 and again.trials_this_run == 0
+
+
+# ---- 2. every board dies: retries, a clear failure, and the rerun continues ----------------------
+def _cfg(store, tracker, key, trials=8):
+    return build_config(None, {
+        "model.source": "builtin", "model.name": "micronet", "board.tracker": tracker, "board.key": key,
+        "tune.trials_per_task": trials, "tune.trials_per_batch": 4, "tune.task_filter": "conv2d",
+        "measure.number": 2, "measure.timeout_s": 5, "evaluate.repeat": 3, "store": str(store),
+    }).model_dump(mode="json")
+
+
+def _all_trials(store: ArtifactStore):
+    return {p.parent.name: read_trials(p.parent) for p in (store.root / "work").rglob("trials.jsonl")}
+
+
+def test_all_boards_die_then_the_flow_fails_clearly_and_the_rerun_continues(prefect_harness, tmp_path, monkeypatch):
+    from flows.tune_network import tune_network
+
+    monkeypatch.setenv("VTA_PIPELINE_BOARD_RETRIES", "1")
+    monkeypatch.setenv("VTA_PIPELINE_RETRY_DELAYS", "1")
+    store = ArtifactStore(tmp_path / "store")
+    with LocalBoard(key="f2", num_servers=2) as b:
+        failure = {}
+
+        def run():
+            try:
+                tune_network(_cfg(store.root, b.tracker, "f2"))
+            except Exception as e:  # the flow run's failure
+                failure["e"] = e
+
+        t = threading.Thread(target=run)
+        t.start()
+        _wait_for(lambda: any(len(v) >= 4 for v in _all_trials(store).values()), what="a measured batch")
+        for s in b.servers:
+            _kill(s)
+        t.join(900)
+        msg = str(failure["e"])
+        assert "f2" in msg and b.tracker in msg  # names the key and the tracker
+        kept = {k: sum(r["latency_ms"] is not None for r in v) for k, v in _all_trials(store).items()}
+        assert sum(kept.values()) >= 4  # every measurement taken before the failure is kept
+
+        b.add_server()
+        b.add_server()
+        _wait_for(lambda: count_servers(b.host, b.port, "f2") == 2, 120, "the boards to come back")
+        t1 = time.time()
+        result = tune_network(_cfg(store.root, b.tracker, "f2"))
+    assert result["tuned"]["correct"]
+    computed = {e["step"] for e in store.events() if e["event"] == "computed" and e["t"] >= t1}
+    assert not computed & {"fetch", "extract"}
+    for k, rows in _all_trials(store).items():
+        hashes = [r["schedule_hash"] for r in rows]
+        assert len(hashes) == len(set(hashes))  # nothing measured twice
+        assert sum(r["latency_ms"] is not None for r in rows) == 8
+
+
+# ---- 4. the flow process is killed mid-tuning ----------------------------------------------------
+def _cli(store, tracker, key, trials=8):
+    return [sys.executable, "-m", "vta_pipeline.cli", "run", "--model", "micronet", "--source", "builtin",
+            "--tracker", tracker, "--key", key, "--trials-per-task", str(trials), "--trials-per-batch", "4",
+            "--task-filter", "conv2d", "--number", "2", "--timeout", "10", "--eval-repeat", "3",
+            "--store", str(store)]
+
+
+def test_sigkill_mid_tuning_then_rerun_resumes_from_the_records(tmp_path):
+    store = ArtifactStore(tmp_path / "store")
+    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"))
+    with LocalBoard(key="f4", num_servers=2) as b:
+        proc = subprocess.Popen(_cli(store.root, b.tracker, "f4"), env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        _wait_for(lambda: any(len(v) >= 4 for v in _all_trials(store).values()), what="a measured batch")
+        before = {k: len(v) for k, v in _all_trials(store).items()}
+        _kill(proc)  # the flow and its builder/runner workers
+        proc.wait(30)
+        done = subprocess.run(_cli(store.root, b.tracker, "f4"), env=env, capture_output=True, text=True,
+                              timeout=900)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    fetches = [e for e in store.events() if e["step"] == "fetch" and e["event"] == "computed"]
+    assert len(fetches) == 1  # taken from the store by the rerun
+    for k, rows in _all_trials(store).items():
+        assert [r["trial"] for r in rows] == list(range(len(rows)))
+        assert len({r["schedule_hash"] for r in rows}) == len(rows) == 8
+        assert len(rows) - before.get(k, 0) <= 8 - before.get(k, 0)  # nothing recorded was redone
+
+
+# ---- 8. two runs on one store at once ------------------------------------------------------------
+def test_two_runs_on_one_store_at_once_compute_each_step_once(tmp_path):
+    store = ArtifactStore(tmp_path / "store")
+    with LocalBoard(key="f8", num_servers=2) as b:
+        procs = [
+            subprocess.Popen(_cli(store.root, b.tracker, "f8", trials=4),
+                             env=dict(os.environ, PREFECT_HOME=str(tmp_path / f"prefect{i}")),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for i in range(2)
+        ]
+        outs = [p.communicate(timeout=1200)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outs)
+    computed = [(e["step"], e["key"]) for e in store.events() if e["event"] == "computed"]
+    assert len(computed) == len(set(computed))  # no step computed twice
+    assert all(ArtifactStore(store.root).lookup(s, k) for s, k in computed)  # none corrupted
