@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from vta_pipeline import steps
@@ -60,14 +61,19 @@ def test_one_board_dies_mid_tuning_and_the_other_finishes_the_budget(micronet, h
         out = {}
         t = threading.Thread(target=lambda: out.setdefault("r", tune_task(
             *_tune_args(extracted, task, host_target, b), TuneConfig(trials_per_task=12, trials_per_batch=4),
-            FAST, work)))
+            MeasureConfig(number=2, min_repeat_ms=500, timeout_s=5), work)))
         t.start()
         _wait_for(lambda: len(read_trials(work)) >= 4, what="the first batch")
+        # kill the board while it measures: rpc_server forks a process per session
+        server = psutil.Process(b.servers[0].pid)
+        idle = len(server.children(recursive=True))
+        _wait_for(lambda: len(server.children(recursive=True)) > idle, what="a session on the first board")
         _kill(b.servers[0])
         t.join(600)
         r = out["r"]
         assert r.valid == 12  # the budget is spent on valid measurements
         rows = read_trials(work)
+        assert r.errors >= 1 and any("run:" in row["error"] for row in rows if row["error"])
         assert all((row["error"] is None) == (row["latency_ms"] is not None) for row in rows)
         assert r.best_latency_ms == min(row["latency_ms"] for row in rows if row["latency_ms"] is not None)
         assert count_servers(b.host, b.port, "f1") == 1
