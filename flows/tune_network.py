@@ -117,7 +117,9 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
                                 meta(ev_untuned), meta(ev_tuned), time.time() - t0)
     report.save_result(store, result)
     _publish(result)
-    logger.info("\n%s", report.render(result))
+    logger.info("%s: untuned %.3f ms, tuned %.3f ms (%.2fx), output check %s; tables in the run's artifacts",
+                result["model"], result["untuned"]["mean_ms"], result["tuned"]["mean_ms"], result["speedup"],
+                "passed" if result["tuned"]["correct"] else "FAILED")
     if not result["tuned"]["correct"]:
         raise RuntimeError(
             f"the tuned build's output differs from the reference (max abs error "
