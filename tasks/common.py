@@ -14,9 +14,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from vta_pipeline.errors import BoardError
+from vta_pipeline.errors import ArtifactError, BoardError
 from vta_pipeline.store import Artifact, ArtifactStore, CachePolicy
-from vta_pipeline.errors import ArtifactError
 
 KeyFn = Callable[[dict[str, Any]], tuple[ArtifactStore, str, str]]
 

@@ -48,6 +48,12 @@ def _shape(s: str | None):
         _fail(f"--input-shape {s!r} is not N,C,H,W (e.g. 1,3,224,224)")
 
 
+def _model_overrides(model, source, onnx_path, input_shape) -> dict:
+    """The model options shared by `run` and `tasks`, as config overrides."""
+    return {"model.name": model, "model.source": source, "model.path": onnx_path and str(onnx_path),
+            "model.input_shape": _shape(input_shape)}
+
+
 def _config(config, overrides):
     from vta_pipeline.config import build_config, load_config_file
 
@@ -101,8 +107,7 @@ def run(
         except ValueError:
             _fail(f"--cache {cache!r}: use one of on, off, redo, readonly")
         cfg = _config(config, {
-            "model.name": model, "model.source": source, "model.path": onnx_path and str(onnx_path),
-            "model.input_shape": _shape(input_shape), "model.pretrained": pretrained,
+            **_model_overrides(model, source, onnx_path, input_shape), "model.pretrained": pretrained,
             "target": target, "board.tracker": tracker, "board.key": key, "board.local_servers": local_servers,
             "tune.trials_per_task": trials_per_task, "tune.trials_per_batch": trials_per_batch,
             "tune.cost_model": cost_model, "tune.search": search, "tune.early_stopping": early_stopping,
@@ -186,8 +191,8 @@ def tasks_cmd(
         from vta_pipeline.targets import resolve_target
 
         cfg = _config(config, {
-            "model.name": model, "model.source": source, "model.path": onnx_path and str(onnx_path),
-            "model.input_shape": _shape(input_shape), "target": target, "store": store and str(store),
+            **_model_overrides(model, source, onnx_path, input_shape), "target": target,
+            "store": store and str(store),
         })
         tgt = resolve_target(cfg.target)
         st = ArtifactStore(cfg.store)
