@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
+from .vta_config import VTAConfig
 
 
 class _Strict(BaseModel):
@@ -57,8 +58,10 @@ class TuneConfig(_Strict):
     early_stopping: int | None = Field(
         None, gt=0, description="Stop a task after this many trials without improvement."
     )
-    task_filter: Literal["all", "conv2d"] = Field(
-        "all", description="Which extracted tasks to tune (VTA recipe: conv2d only)."
+    task_filter: Literal["auto", "all", "conv2d", "packed"] = Field(
+        "auto",
+        description="Which extracted tasks to tune: auto = the packed conv2d tasks when the graph is "
+        "packed (the VTA recipe's filter), else all.",
     )
     builder_timeout_s: float = Field(120.0, gt=0, description="Per-candidate build timeout.")
     seed: int = Field(0, description="Search seed.")
@@ -79,6 +82,49 @@ class EvalConfig(_Strict):
     repeat: int = Field(10, gt=0, description="Timed repeats (mean/std/median over these).")
     rtol: float = Field(1e-3, gt=0, description="Relative tolerance of the output check.")
     atol: float = Field(1e-3, gt=0, description="Absolute tolerance of the output check.")
+
+
+class QuantizeConfig(_Strict):
+    """relay.quantize's options, for the int8 path (`--quantize`)."""
+
+    enabled: bool = Field(False, description="Quantize float32 -> int8 with int32 accumulation.")
+    global_scale: float = Field(8.0, gt=0, description="Bound of every activation (calibrate_mode global_scale).")
+    skip_conv_layers: tuple[int, ...] = Field((0,), description="Indices of conv2d layers kept in float.")
+    nbit_input: int = Field(8, ge=2, le=8, description="Bits of quantized activations.")
+    nbit_weight: int = Field(8, ge=2, le=8, description="Bits of quantized weights.")
+    dtype_activation: Literal["int32"] = Field("int32", description="Type of activations between layers.")
+    weight_scale: Literal["power2"] = Field("power2", description="Weight scales are powers of two.")
+    calibrate_mode: Literal["global_scale", "max", "percentile"] = Field(
+        "global_scale",
+        description="global_scale (the recipe) or a per-layer power-of-two scale from the calibration data.",
+    )
+    percentile: float = Field(99.99, gt=0, le=100, description="Percentile of |x| (calibrate_mode percentile).")
+    calibration_data: Path | None = Field(
+        None, description=".npz/.npy file with calibration inputs (B,C,H,W); random data when unset."
+    )
+    calibration_batches: int = Field(4, gt=0, description="Random calibration inputs when no data is given.")
+
+    @field_validator("global_scale")
+    @classmethod
+    def _pow2(cls, v):
+        import math
+
+        if not math.log2(v).is_integer():
+            raise ValueError(f"global_scale must be a power of two (VTA requantizes by shifts only), got {v}")
+        return v
+
+
+class PackConfig(_Strict):
+    """VTA graph_pack's options (`--pack`)."""
+
+    enabled: bool = Field(False, description="Pack the region between start and stop into VTA's blocked layout.")
+    bfactor: int | None = Field(None, gt=0, description="Batch block (default: the VTA config's BATCH).")
+    cfactor: int | None = Field(None, gt=0, description="Channel block (default: the VTA config's BLOCK_OUT).")
+    weight_bits: int | None = Field(None, gt=0, description="Weight bits (default: the VTA config's WGT_WIDTH).")
+    start_name: str = Field("nn.max_pool2d", description="Packing starts after this operator.")
+    stop_name: str = Field("nn.global_avg_pool2d", description="Packing stops before this operator.")
+    start_name_idx: int | None = Field(None, ge=0, description="Which occurrence of start_name (0 = first).")
+    stop_name_idx: int | None = Field(None, ge=0, description="Which occurrence of stop_name (default: the first after the start).")
 
 
 class BoardConfig(_Strict):
@@ -107,6 +153,9 @@ class PipelineConfig(_Strict):
     measure: MeasureConfig = MeasureConfig()
     evaluate: EvalConfig = EvalConfig()
     board: BoardConfig = BoardConfig()
+    quantize: QuantizeConfig = QuantizeConfig()
+    pack: PackConfig = PackConfig()
+    vta: VTAConfig = VTAConfig()
     store: Path = Field(Path("vta-store"), description="Artifact store directory.")
 
 

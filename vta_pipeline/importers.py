@@ -25,7 +25,7 @@ from .errors import ModelError
 from .models import BUILTIN, build_builtin
 
 STEP = "fetch"
-VERSION = 1
+VERSION = 2
 
 
 def default_input_shape(cfg: ModelConfig) -> tuple[int, ...]:
@@ -173,9 +173,15 @@ def _from_onnx(cfg: ModelConfig, x: np.ndarray, path: Path):
             f"{path}: input {inp.name!r} has shape {dims} but --input-shape is {list(x.shape)}; "
             "pass the model's shape with --input-shape"
         )
+    if len(model.graph.input) > 1:
+        # Older exporters (MXNet's among them) also list every initializer as a graph input;
+        # the Relax frontend would then make each weight a parameter twice.
+        keep = [i for i in model.graph.input if i.name not in init_names]
+        del model.graph.input[:]
+        model.graph.input.extend(keep)
     import onnxruntime as ort
 
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     y = sess.run(None, {inp.name: x})[0]
     try:
         mod = from_onnx(model, shape_dict={inp.name: list(x.shape)}, keep_params_in_input=True)
@@ -227,7 +233,13 @@ def load_module(art_dir: Path, bind_params: bool = True):
     meta = json.loads((art_dir / "manifest.json").read_text())["meta"]
     with np.load(art_dir / "params.npz") as npz:
         params = [npz[f"p{i}"] for i in range(len(npz.files))]
-    binding = {n: tvm.runtime.tensor(p) for n, p in zip(meta["param_names"], params)}
+    # Bind by variable, not by name: ONNX exports (MXNet's among them) may list an
+    # initializer among the graph inputs too, which gives two parameters the same name.
+    func = mod["main"]
+    weights = list(func.params)[int(meta["num_input"]):]
+    if len(weights) != len(params):
+        raise ModelError(f"{art_dir}: the module takes {len(weights)} weights but params.npz holds {len(params)}")
+    binding = {var: tvm.runtime.tensor(p) for var, p in zip(weights, params)}
     return relax.transform.BindParams("main", binding)(mod)
 
 

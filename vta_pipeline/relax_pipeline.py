@@ -12,6 +12,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from .passes.packed_ops import legalize_map
+
 
 def lower_for_tuning(mod: tvm.IRModule) -> tvm.IRModule:
     seq = tvm.transform.Sequential(
@@ -20,7 +22,7 @@ def lower_for_tuning(mod: tvm.IRModule) -> tvm.IRModule:
             relax.transform.FoldConstant(),
             relax.transform.DecomposeOpsForInference(),
             relax.transform.FoldConstant(),
-            relax.transform.LegalizeOps(),
+            relax.transform.LegalizeOps(customize_legalize_map=legalize_map()),
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),

@@ -1,0 +1,108 @@
+"""Lowering of packed conv2d: VTA's `conv2d_packed` compute, for Relax's LegalizeOps.
+
+Relax's conv2d infers shapes for packed layouts (`NCHW1n16c` data, `OIHW16o16i` kernel)
+but its default lowering silently skips layouts longer than four letters, and the build
+then fails. We lower them with VTA's compute, so the tuning tasks are VTA's tasks:
+
+    res[b_o, c_o, i, j, b_i, c_i] = sum_{k_o, d_i, d_j, k_i}
+        pad[b_o, k_o, i*hs + d_i, j*ws + d_j, b_i, k_i] * kernel[c_o, k_o, d_i, d_j, c_i, k_i]
+
+Depthwise convs (groups == channels, as in mobilenet) have no VTA compute; packed, their
+kernel is `OIHW{c}o` and each output channel reads only its own input channel.
+Everything else goes to Relax's default conv2d lowering.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from tvm import relax, te, topi
+
+PACKED_CONV = "conv2d_packed"
+PACKED_DEPTHWISE = "depthwise_conv2d_packed"
+
+
+def packed_data_layout(bfactor: int, cfactor: int) -> str:
+    return f"NCHW{bfactor}n{cfactor}c"
+
+
+def packed_kernel_layout(cfactor: int) -> str:
+    return f"OIHW{cfactor}o{cfactor}i"
+
+
+def packed_depthwise_kernel_layout(cfactor: int) -> str:
+    return f"OIHW{cfactor}o"
+
+
+def _is_packed(layout: str) -> bool:
+    return bool(re.search(r"\d", layout))
+
+
+def conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str) -> te.Tensor:
+    """VTA's conv2d_packed: data (N/b, C/c, H, W, b, c), kernel (O/c, C/c, kh, kw, c, c)."""
+    hs, ws = (int(s) for s in strides)
+    pt, pl, pb, pr = (int(p) for p in padding)
+    nb, cb, h, w, bn, bc = (int(d) for d in data.shape)
+    ob, icb, kh, kw, bo, bi = (int(d) for d in kernel.shape)
+    pad = topi.nn.pad(data, [0, 0, pt, pl, 0, 0], [0, 0, pb, pr, 0, 0], name="pad_data") if any((pt, pl, pb, pr)) else data
+    oh = (h + pt + pb - kh) // hs + 1
+    ow = (w + pl + pr - kw) // ws + 1
+    k_o = te.reduce_axis((0, icb), name="k_o")
+    d_i = te.reduce_axis((0, kh), name="d_i")
+    d_j = te.reduce_axis((0, kw), name="d_j")
+    k_i = te.reduce_axis((0, bi), name="k_i")
+    return te.compute(
+        (nb, ob, oh, ow, bn, bo),
+        lambda b_o, c_o, i, j, b_i, c_i: te.sum(
+            pad[b_o, k_o, i * hs + d_i, j * ws + d_j, b_i, k_i].astype(out_dtype)
+            * kernel[c_o, k_o, d_i, d_j, c_i, k_i].astype(out_dtype),
+            axis=[k_o, d_i, d_j, k_i],
+        ),
+        name=PACKED_CONV,
+        tag=PACKED_CONV,
+    )
+
+
+def depthwise_conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str) -> te.Tensor:
+    """Depthwise conv on packed data: kernel (C/c, 1, kh, kw, c)."""
+    hs, ws = (int(s) for s in strides)
+    pt, pl, pb, pr = (int(p) for p in padding)
+    nb, cb, h, w, bn, bc = (int(d) for d in data.shape)
+    kb, _, kh, kw, kc = (int(d) for d in kernel.shape)
+    pad = topi.nn.pad(data, [0, 0, pt, pl, 0, 0], [0, 0, pb, pr, 0, 0], name="pad_data") if any((pt, pl, pb, pr)) else data
+    oh = (h + pt + pb - kh) // hs + 1
+    ow = (w + pl + pr - kw) // ws + 1
+    d_i = te.reduce_axis((0, kh), name="d_i")
+    d_j = te.reduce_axis((0, kw), name="d_j")
+    return te.compute(
+        (nb, cb, oh, ow, bn, bc),
+        lambda b_o, c_o, i, j, b_i, c_i: te.sum(
+            pad[b_o, c_o, i * hs + d_i, j * ws + d_j, b_i, c_i].astype(out_dtype)
+            * kernel[c_o, 0, d_i, d_j, c_i].astype(out_dtype),
+            axis=[d_i, d_j],
+        ),
+        name=PACKED_DEPTHWISE,
+        tag=PACKED_DEPTHWISE,
+    )
+
+
+def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> Any:
+    a = call.attrs
+    if not (_is_packed(a.data_layout) or _is_packed(a.kernel_layout)):
+        from tvm.relax.transform.legalize_ops import nn as default_nn
+
+        return default_nn._nn_conv2d(bb, call)
+    if any(int(d) != 1 for d in a.dilation):
+        raise ValueError(f"packed conv2d with dilation {list(a.dilation)} is not supported")
+    out_dtype = str(a.out_dtype)
+    if out_dtype in ("", "void"):
+        out_dtype = str(call.args[0].ty.dtype)
+    fn, name = (conv2d_packed, PACKED_CONV) if int(a.groups) == 1 else (depthwise_conv2d_packed, PACKED_DEPTHWISE)
+    return bb.call_te(fn, call.args[0], call.args[1], strides=a.strides, padding=a.padding,
+                      out_dtype=out_dtype, primfunc_name_hint=name)
+
+
+def legalize_map() -> dict[str, Any]:
+    """`LegalizeOps(customize_legalize_map=legalize_map())`: packed convs get VTA's compute."""
+    return {"relax.nn.conv2d": _legalize_conv2d}

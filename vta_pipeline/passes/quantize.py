@@ -1,0 +1,270 @@
+"""Quantize: float32 -> int8 x int8 -> int32, with relay.quantize's rules, as a Relax rewrite.
+
+The arithmetic is what VTA executes (and what `relay.quantize` produced for it):
+- every value carries a power-of-two scale 2^-e ("exponent" e);
+- a quantized conv2d takes int8 activations at exponent `a` and int8 weights at
+  exponent `w` (power-of-two weight scale: w = nbit-1 - ceil(log2 max|W|)), and
+  accumulates in int32 at exponent a + w;
+- bias adds become int32 adds of the bias rounded at the accumulator's exponent; relu,
+  relu6 (clip), max pool, avg pool (int32, truncating division), residual adds and
+  concats (operands shifted to the coarser exponent) stay in int32;
+- entering the next quantized conv, an int32 value is requantized as VTA's ALU does it:
+  add the rounding bias 2^(k-1), right_shift by k, clamp with minimum/maximum (R.clip
+  would stop operator fusion), cast to int8; a float value is rounded at 2^a and clamped;
+- any other consumer (global pooling, dense, the function output) gets the value
+  dequantized to float32 (astype, times 2^-e): the end of the quantized region.
+
+Activation exponents: one global bound (`global_scale`, the recipe: 8.0 -> a = 4 for
+8 bits) or one per conv from calibration data (max or percentile of |x|).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .graph import Rebuilder, const_value, dtype_of, main_bindings, op_name, shape_of
+
+
+@dataclass
+class QuantizeParams:
+    act_exp: int = 4  # exponent of every quantized activation (global_scale mode)
+    # calibrated exponents of individual activations (the float module's variables)
+    var_act_exp: dict[Any, int] = field(default_factory=dict)
+    skip_conv_layers: tuple[int, ...] = (0,)
+    nbit_input: int = 8
+    nbit_weight: int = 8
+
+    @staticmethod
+    def exp_for_bound(bound: float, nbit: int) -> int:
+        """Largest power-of-two exponent whose scale keeps |x| <= bound representable."""
+        if not bound > 0:
+            return nbit - 1
+        return (nbit - 1) - math.ceil(math.log2(bound))
+
+
+@dataclass
+class LayerRecord:
+    index: int
+    name: str
+    groups: int
+    input_shape: list[int]
+    weight_shape: list[int]
+    quantized: bool
+    act_exp: int | None = None
+    weight_exp: int | None = None
+    acc_exp: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class QValue:
+    expr: Any
+    dtype: str  # "int32" | "int8"
+    exp: int
+
+
+def fold_batch_norm(mod: tvm.IRModule) -> tvm.IRModule:
+    """Batch norm into conv weights first (it matches OIHW kernels only), then the leftovers
+    decomposed into elementwise ops: the graph that quantize and pack both see."""
+    return tvm.transform.Sequential([
+        relax.transform.FoldBatchnormToConv2D(),
+        relax.transform.FoldConstant(),
+        relax.transform.DecomposeOpsForInference(),
+        relax.transform.FoldConstant(),
+    ])(mod)  # fmt: skip
+
+
+def quantization_points(mod: tvm.IRModule) -> list[Any]:
+    """The float activations that may be quantized: conv inputs and the operands of adds and
+    concats (a float operand next to a quantized one is quantized); what calibration measures."""
+    points: list[Any] = []
+    for b in main_bindings(mod):
+        name = op_name(b.value)
+        if name == "nn.conv2d":
+            args = [b.value.args[0]]
+        elif name == "add":
+            args = list(b.value.args)
+        elif name == "concat" and isinstance(b.value.args[0], relax.Tuple):
+            args = list(b.value.args[0].fields)
+        else:
+            continue
+        points.extend(a for a in args if isinstance(a, relax.Var) and a not in points)
+    return points
+
+
+def _i32(x: int) -> relax.Expr:
+    return relax.const(int(x), "int32")
+
+
+class Quantizer(Rebuilder):
+    def __init__(self, params: QuantizeParams):
+        super().__init__()
+        self.p = params
+        self.qmax_in = (1 << (params.nbit_input - 1)) - 1
+        self.qmax_w = (1 << (params.nbit_weight - 1)) - 1
+        self.q: dict[Any, QValue] = {}
+        self.deq: dict[Any, Any] = {}
+        self.req: dict[tuple[Any, int], Any] = {}
+        self.conv_index = 0
+        self.layers: list[LayerRecord] = []
+
+    # ---- values ----------------------------------------------------------------------------------
+    def lookup(self, expr: Any) -> Any:
+        if isinstance(expr, relax.Var) and expr in self.q:
+            return self._dequantize(expr)
+        return super().lookup(expr)
+
+    def _dequantize(self, var: Any) -> Any:
+        if var not in self.deq:
+            qv = self.q[var]
+            f = relax.op.astype(qv.expr, "float32")
+            self.deq[var] = self.emit(relax.op.multiply(f, relax.const(2.0 ** -qv.exp, "float32")), "dequantize")
+        return self.deq[var]
+
+    def _clamp(self, x: Any, lo: int, hi: int, dtype: str) -> Any:
+        x = relax.op.minimum(x, relax.const(hi, dtype))
+        return relax.op.maximum(x, relax.const(lo, dtype))
+
+    def _shift_to(self, qv: QValue, exp: int) -> Any:
+        """int32 value of qv at a smaller-or-equal exponent, rounding (VTA: add, shift)."""
+        v = qv.expr if qv.dtype == "int32" else relax.op.astype(qv.expr, "int32")
+        k = qv.exp - exp
+        if k > 0:
+            v = relax.op.right_shift(relax.op.add(v, _i32(1 << (k - 1))), _i32(k))
+        elif k < 0:
+            v = relax.op.left_shift(v, _i32(-k))
+        return v
+
+    def _to_int8(self, arg: Any, exp: int) -> Any:
+        key = (arg, exp)
+        if key in self.req:
+            return self.req[key]
+        if isinstance(arg, relax.Var) and arg in self.q:
+            qv = self.q[arg]
+            if qv.dtype == "int8" and qv.exp == exp:
+                return qv.expr
+            v = self._clamp(self._shift_to(qv, exp), -self.qmax_in, self.qmax_in, "int32")
+        else:
+            x = relax.op.round(relax.op.multiply(self.lookup(arg), relax.const(2.0 ** exp, "float32")))
+            v = self._clamp(x, -self.qmax_in, self.qmax_in, "float32")
+        out = self.emit(relax.op.astype(v, "int8"), "quantize")
+        self.req[key] = out
+        return out
+
+    def _exp_for(self, var: Any) -> int:
+        return self.p.var_act_exp.get(var, self.p.act_exp)
+
+    def _qvalue(self, var: Any) -> QValue:
+        """A quantized operand; a float one is quantized to int8 at its activation exponent."""
+        if var in self.q:
+            return self.q[var]
+        exp = self._exp_for(var)
+        return QValue(self._to_int8(var, exp), "int8", exp)
+
+    def _unify(self, vars_: list[Any]) -> tuple[list[Any], int]:
+        qvs = [self._qvalue(v) for v in vars_]
+        exp = min(qv.exp for qv in qvs)
+        return [self._shift_to(qv, exp) for qv in qvs], exp
+
+    # ---- the rules -------------------------------------------------------------------------------
+    def rewrite(self, index: int, binding: Any) -> Any:
+        v, var = binding.value, binding.var
+        name = op_name(v)
+        quant = [isinstance(a, relax.Var) and a in self.q for a in v.args] if name else []
+        name_hint = str(var.name)
+        if name == "nn.conv2d":
+            return self._conv(v, var)
+        if name == "add" and any(quant):
+            qi = 0 if quant[0] else 1
+            other = v.args[1 - qi]
+            c = const_value(other)
+            if c is not None:
+                qv = self.q[v.args[qi]]
+                base = qv.expr if qv.dtype == "int32" else relax.op.astype(qv.expr, "int32")
+                cq = relax.const(np.round(c.astype(np.float64) * 2.0**qv.exp).astype("int32"))
+                return self._set(var, self.emit(relax.op.add(base, cq), name_hint), qv.exp)
+            if all(isinstance(a, relax.Var) for a in v.args):
+                (a, b), exp = self._unify(list(v.args))
+                return self._set(var, self.emit(relax.op.add(a, b), name_hint), exp)
+        if name == "nn.relu" and quant[0]:
+            qv = self.q[v.args[0]]
+            return self._set(var, self.emit(relax.op.nn.relu(qv.expr), name_hint), qv.exp, qv.dtype)
+        if name == "clip" and quant[0]:
+            qv = self.q[v.args[0]]
+            lo, hi = (float(getattr(a.value, "value", a.value)) for a in v.args[1:3])
+            s = 2.0**qv.exp
+            lo_q = max(int(np.round(lo * s)), -(2**31)) if math.isfinite(lo) else -(2**31)
+            hi_q = min(int(np.round(hi * s)), 2**31 - 1) if math.isfinite(hi) else 2**31 - 1
+            base = qv.expr if qv.dtype == "int32" else relax.op.astype(qv.expr, "int32")
+            return self._set(var, self.emit(self._clamp(base, lo_q, hi_q, "int32"), name_hint), qv.exp)
+        if name == "nn.max_pool2d" and quant[0]:
+            qv = self.q[v.args[0]]
+            new = relax.Call(v.op, [qv.expr], v.attrs, v.ty_args)
+            return self._set(var, self.emit(new, name_hint), qv.exp, qv.dtype)
+        if name == "nn.avg_pool2d" and quant[0]:
+            qv = self.q[v.args[0]]
+            base = qv.expr if qv.dtype == "int32" else relax.op.astype(qv.expr, "int32")
+            new = relax.Call(v.op, [base], v.attrs, v.ty_args)
+            return self._set(var, self.emit(new, name_hint), qv.exp)
+        if name == "concat" and isinstance(v.args[0], relax.Tuple):
+            fields = list(v.args[0].fields)
+            if any(isinstance(f, relax.Var) and f in self.q for f in fields) and all(
+                isinstance(f, relax.Var) for f in fields
+            ):
+                vals, exp = self._unify(fields)
+                new = relax.Call(v.op, [relax.Tuple(vals)], v.attrs, v.ty_args)
+                return self._set(var, self.emit(new, name_hint), exp)
+        return self.copy(binding)
+
+    def _set(self, var: Any, expr: Any, exp: int, dtype: str = "int32") -> None:
+        self.q[var] = QValue(expr, dtype, exp)
+        return None
+
+    def _conv(self, call: Any, var: Any) -> Any:
+        idx = self.conv_index
+        self.conv_index += 1
+        a = call.attrs
+        w = const_value(call.args[1])
+        rec = LayerRecord(idx, str(var.name), int(a.groups), list(shape_of(call.args[0]) or []),
+                          list(shape_of(call.args[1]) or []), quantized=False)
+        self.layers.append(rec)
+        if idx in self.p.skip_conv_layers or w is None or dtype_of(call.args[0]) != "float32":
+            return self.copy_call(call, var)
+        act = self._exp_for(call.args[0])
+        wmax = float(np.abs(w).max())
+        wexp = QuantizeParams.exp_for_bound(wmax, self.p.nbit_weight)
+        wq = np.clip(np.round(w.astype(np.float64) * 2.0**wexp), -self.qmax_w, self.qmax_w).astype("int8")
+        xq = self._to_int8(call.args[0], act)
+        acc = self.emit(relax.op.nn.conv2d(
+            xq, relax.const(wq), a.strides, a.padding, a.dilation, a.groups,
+            a.data_layout, a.kernel_layout, a.out_layout, out_dtype="int32",
+        ), str(var.name))  # fmt: skip
+        rec.quantized, rec.act_exp, rec.weight_exp, rec.acc_exp = True, act, wexp, act + wexp
+        return self._set(var, acc, act + wexp)
+
+    def copy_call(self, call: Any, var: Any) -> Any:
+        new = relax.Call(call.op, [self.lookup(a) for a in call.args], call.attrs, call.ty_args)
+        return self.emit(new, str(var.name))
+
+
+def quantize(mod: tvm.IRModule, params: QuantizeParams) -> tuple[tvm.IRModule, list[LayerRecord]]:
+    """Quantize a BN-folded float module (see `fold_batch_norm`); returns it and the layer table."""
+    q = Quantizer(params)
+    out = q.run(mod)
+    return out, q.layers
+
+
+def QuantizeRealize(params: QuantizeParams) -> tvm.ir.transform.Pass:  # noqa: N802 (TVM's pass naming)
+    @tvm.ir.transform.module_pass(opt_level=0, name="vta_pipeline.QuantizeRealize")
+    def _pass(mod, _ctx):
+        return quantize(mod, params)[0]
+
+    return _pass
