@@ -19,7 +19,7 @@ from prefect.runtime import flow_run
 
 from tasks.common import results_dir, retry_settings
 from tasks.deploy import build, evaluate
-from tasks.model import extract_tasks, fetch_model
+from tasks.model import extract_tasks, fetch_model, pack_model, quantize_model
 from tasks.tune import pick_best, tune_task
 from vta_pipeline import boards, report
 from vta_pipeline.config import PipelineConfig, parse_hostport
@@ -46,8 +46,8 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
     root = str(store.root)
     res = {"result_storage": results_dir(root)}
     retry = retry_settings()  # read per run, so a deployment can change it without a redeploy
-    fetch_model_, extract_tasks_, pick_best_, build_ = (
-        t.with_options(**res) for t in (fetch_model, extract_tasks, pick_best, build)
+    fetch_model_, quantize_, pack_, extract_tasks_, pick_best_, build_ = (
+        t.with_options(**res) for t in (fetch_model, quantize_model, pack_model, extract_tasks, pick_best, build)
     )
     tune_task_, evaluate_ = (t.with_options(**res, **retry) for t in (tune_task, evaluate))
     key = cfg.board.key
@@ -68,7 +68,13 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
                     tracker, n_boards, key, health_ms)
 
         fetched = fetch_model_(root, cfg.model.model_dump(mode="json"), cache)
-        extracted = extract_tasks_(root, fetched, cfg.target, cache)
+        model, quantized, packed = fetched, None, None
+        if cfg.quantize.enabled:
+            model = quantized = quantize_(root, model, cfg.quantize.model_dump(mode="json"), cfg.model.seed, cache)
+        if cfg.pack.enabled:
+            model = packed = pack_(root, model, cfg.pack.model_dump(mode="json"), cfg.vta.model_dump(mode="json"),
+                                   cache)
+        extracted = extract_tasks_(root, model, cfg.target, cache)
         tasks = select_tasks(load_tasks(extracted["path"]), cfg.tune.task_filter)
         logger.info("%d tuning task(s): %s", len(tasks), ", ".join(t.name for t in tasks))
         if stop_after == "extract":
@@ -99,8 +105,8 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
         if stop_after == "build":
             return {"untuned": untuned_lib, "tuned": tuned_lib}
         ev_cfg = cfg.evaluate.model_dump(mode="json")
-        ev_untuned = evaluate_(root, untuned_lib, fetched, cfg.target, tracker, key, ev_cfg, "untuned", cache)
-        ev_tuned = evaluate_(root, tuned_lib, fetched, cfg.target, tracker, key, ev_cfg, "tuned", cache)
+        ev_untuned = evaluate_(root, untuned_lib, model, cfg.target, tracker, key, ev_cfg, "untuned", cache)
+        ev_tuned = evaluate_(root, tuned_lib, model, cfg.target, tracker, key, ev_cfg, "tuned", cache)
 
     def meta(ref):
         return json.loads((store.root / "steps" / ref["step"] / ref["key"] / "manifest.json").read_text())["meta"]
@@ -115,6 +121,9 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
     run_id = str(flow_run.get_id() or f"local-{int(t0)}")
     result = report.make_result(run_id, cfg.model_dump(mode="json"), meta(fetched), task_results,
                                 meta(ev_untuned), meta(ev_tuned), time.time() - t0)
+    if model is not fetched:  # int8 / packed: what the transform steps did, and float agreement
+        result["transforms"] = {ref["step"]: meta(ref) for ref in (quantized, packed) if ref is not None}
+        result["tuned"]["vs_float"] = meta(ev_tuned).get("vs_float")
     report.save_result(store, result)
     _publish(result)
     logger.info("%s: untuned %.3f ms, tuned %.3f ms (%.2fx), output check %s; tables in the run's artifacts",
@@ -126,6 +135,15 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
             f"{result['tuned']['max_abs_err']:.3e}); the build is kept in the store for inspection"
         )
     return result
+
+
+def _float_line(result: dict[str, Any]) -> str:
+    vs = result["tuned"].get("vs_float")
+    if not vs:
+        return ""
+    top1 = f", top-1 agreement {vs['top1_agree']:.0%}" if "top1_agree" in vs else ""
+    return (f"\n\nint8 vs the float model: cosine {vs['cosine']:.5f}, max abs error "
+            f"{vs['max_abs_error']:.3e}{top1}")
 
 
 def _publish(result: dict[str, Any]) -> None:
@@ -142,6 +160,7 @@ def _publish(result: dict[str, Any]) -> None:
         f"untuned {result['untuned']['mean_ms']:.3f} ms, tuned {result['tuned']['mean_ms']:.3f} ms "
         f"(speed-up **{result['speedup']:.2f}x**); output check: "
         f"{'passed' if result['tuned']['correct'] else 'FAILED'} "
-        f"(cosine {result['tuned']['cosine']:.6f}, max abs error {result['tuned']['max_abs_err']:.2e})",
+        f"(cosine {result['tuned']['cosine']:.6f}, max abs error {result['tuned']['max_abs_err']:.2e})"
+        + _float_line(result),
         key="evaluation",
     )

@@ -1,4 +1,4 @@
-"""Prefect tasks for the network-level steps: fetch the model, extract its tasks."""
+"""Prefect tasks for the network-level steps: fetch, quantize, pack the model, extract its tasks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Any
 from prefect import task
 
 from vta_pipeline import steps
-from vta_pipeline.config import ModelConfig
+from vta_pipeline.config import ModelConfig, PackConfig, QuantizeConfig
+from vta_pipeline.vta_config import VTAConfig
 from vta_pipeline.targets import resolve_target
 
 from .common import RESULTS, current_id, artifact, open_store, store_cache_key
@@ -22,6 +23,32 @@ def _fetch_key(p):
 def fetch_model(store_root: str, model: dict[str, Any], cache: str = "on") -> dict[str, str]:
     store = open_store(store_root, cache)
     return steps.fetch_step(store, ModelConfig(**model)).ref()
+
+
+def _quantize_key(p):
+    store = open_store(p["store_root"], p.get("cache", "on"))
+    cfg = QuantizeConfig(**p["quantize"])
+    return store, "quantize", steps.quantize_key(store, current_id(store, p["model"]), cfg, p.get("seed", 0))
+
+
+@task(name="quantize", cache_key_fn=store_cache_key(_quantize_key), **RESULTS)
+def quantize_model(store_root: str, model: dict[str, str], quantize: dict[str, Any], seed: int = 0,
+                   cache: str = "on") -> dict[str, str]:
+    store = open_store(store_root, cache)
+    return steps.quantize_step(store, artifact(store, model), QuantizeConfig(**quantize), seed).ref()
+
+
+def _pack_key(p):
+    store = open_store(p["store_root"], p.get("cache", "on"))
+    return store, "pack", steps.pack_key(store, current_id(store, p["model"]), PackConfig(**p["pack"]),
+                                         VTAConfig(**p["vta"]))
+
+
+@task(name="graph-pack", cache_key_fn=store_cache_key(_pack_key), **RESULTS)
+def pack_model(store_root: str, model: dict[str, str], pack: dict[str, Any], vta: dict[str, Any],
+               cache: str = "on") -> dict[str, str]:
+    store = open_store(store_root, cache)
+    return steps.pack_step(store, artifact(store, model), PackConfig(**pack), VTAConfig(**vta)).ref()
 
 
 def _extract_key(p):

@@ -33,6 +33,7 @@ class Evaluation:
     cosine: float
     correct: bool
     board: str
+    vs_float: dict[str, Any] | None = None  # int8 networks: agreement with the float model
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,6 +54,7 @@ def evaluate_on_board(
     rtol: float,
     atol: float,
     session_timeout: int = 600,
+    float_output: np.ndarray | None = None,
 ) -> Evaluation:
     import tvm
     from tvm import relax, rpc
@@ -88,6 +90,11 @@ def evaluate_on_board(
     y = y.reshape(y_ref.shape).astype("float64")
     yr = y_ref.astype("float64")
     cos = float(np.dot(y.ravel(), yr.ravel()) / (np.linalg.norm(y) * np.linalg.norm(yr) + 1e-30))
+    vs_float = None
+    if float_output is not None:
+        from .quantize import agreement
+
+        vs_float = agreement(y.astype("float32"), float_output)
     return Evaluation(
         mean_ms=statistics.fmean(reps),
         std_ms=statistics.pstdev(reps),
@@ -98,4 +105,5 @@ def evaluate_on_board(
         cosine=cos,
         correct=bool(np.allclose(y, yr, rtol=rtol, atol=atol)),
         board=f"{key}@{host}:{port}",
+        vs_float=vs_float,
     )

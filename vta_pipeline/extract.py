@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 STEP = "extract"
-VERSION = 1
+VERSION = 2
 
 WORKLOAD_FIELDS = (
     "batch", "height", "width", "in_filter", "out_filter",
@@ -63,40 +63,49 @@ def _linear(expr, block, axis: int):
         return None
 
 
+CONV_BLOCKS = ("conv2d_nchw", "group_conv2d_nchw", "DepthwiseConv2d", "conv2d_packed", "depthwise_conv2d_packed")
+CONV_OPS = ("conv2d", "depthwise_conv2d", "group_conv2d", "packed_conv2d", "packed_depthwise_conv2d")
+
+
 def conv2d_workload(prim_mod) -> tuple[str, list[int]] | None:
     """Find the conv block of a fused TIR function and read its workload, or None."""
     from tvm.s_tir import Schedule
 
     sch = Schedule(prim_mod)
     blocks = {sch.get(b).name_hint: sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))}
-    conv = next(
-        (b for n, b in blocks.items() if n.startswith(("conv2d_nchw", "group_conv2d_nchw", "DepthwiseConv2d"))),
-        None,
-    )
+    conv = next((b for n, b in blocks.items() if n.startswith(CONV_BLOCKS)), None)
     if conv is None:
         return None
+    packed = conv.name_hint.endswith("_packed")
     out = conv.writes[0].source
-    n, oc, oh, ow = (_int(d) for d in out.shape)
+    oshape = [_int(d) for d in out.shape]
+    # packed (VTA): out (N/b, O/c, OH, OW, b, c); data (N/b, C/c, H, W, b, c)
+    n, oc = (oshape[0] * oshape[4], oshape[1] * oshape[5]) if packed else (oshape[0], oshape[1])
     data_region, kernel_region = conv.reads[0], conv.reads[1]
     kernel = kernel_region.source
-    ko, ki, kh, kw = (_int(d) for d in kernel.shape)
+    kh, kw = (_int(d) for d in kernel.shape[2:4])
     sh = (_linear(data_region.region[2].min, conv, 2) or (1, 0))[0]
     sw = (_linear(data_region.region[3].min, conv, 3) or (1, 0))[0]
     pad_h = pad_w = 0
-    c, h, w = (_int(d) for d in data_region.source.shape[1:])
+    src_shape = [_int(d) for d in data_region.source.shape]
     pad_block = blocks.get(data_region.source.name) or next(
         (b for nm, b in blocks.items() if b.writes and b.writes[0].source.same_as(data_region.source)), None
     )
     if pad_block is not None and pad_block.reads:
         src = pad_block.reads[0]
-        h, w = (_int(d) for d in src.source.shape[2:])
-        c = _int(src.source.shape[1])
+        src_shape = [_int(d) for d in src.source.shape]
         ly, lx = _linear(src.region[2].min, pad_block, 2), _linear(src.region[3].min, pad_block, 3)
-        pad_h = -ly[1] if ly else (_int(data_region.source.shape[2]) - h) // 2
-        pad_w = -lx[1] if lx else (_int(data_region.source.shape[3]) - w) // 2
-    op = "conv2d" if conv.name_hint.startswith("conv2d") else (
-        "depthwise_conv2d" if conv.name_hint.startswith("Depthwise") else "group_conv2d"
-    )
+        pad_h = -ly[1] if ly else (_int(data_region.source.shape[2]) - src_shape[2]) // 2
+        pad_w = -lx[1] if lx else (_int(data_region.source.shape[3]) - src_shape[3]) // 2
+    h, w = src_shape[2], src_shape[3]
+    c = src_shape[1] * src_shape[5] if packed else src_shape[1]
+    name = conv.name_hint
+    if packed:
+        op = "packed_conv2d" if name.startswith("conv2d") else "packed_depthwise_conv2d"
+    else:
+        op = "conv2d" if name.startswith("conv2d") else (
+            "depthwise_conv2d" if name.startswith("Depthwise") else "group_conv2d"
+        )
     return op, [n, h, w, c, oc, kh, kw, pad_h, pad_w, sh, sw]
 
 
@@ -146,6 +155,12 @@ def load_tasks(extract_dir: Path) -> list[TaskInfo]:
 
 
 def select_tasks(tasks: list[TaskInfo], task_filter: str) -> list[TaskInfo]:
+    """The tasks to tune. `auto`: the packed conv2d tasks when the network is packed (the
+    VTA recipe kept only convs whose input has more than 4 dimensions), else all."""
+    if task_filter == "auto":
+        task_filter = "packed" if any(t.op.startswith("packed_") for t in tasks) else "all"
+    if task_filter == "packed":
+        return [t for t in tasks if t.op.startswith("packed_")]
     if task_filter == "conv2d":
-        return [t for t in tasks if t.op in ("conv2d", "depthwise_conv2d", "group_conv2d")]
+        return [t for t in tasks if t.op in CONV_OPS]
     return list(tasks)

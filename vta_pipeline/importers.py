@@ -228,7 +228,7 @@ def load_module(art_dir: Path, bind_params: bool = True):
 
     art_dir = Path(art_dir)
     mod = tvm.ir.load_json((art_dir / "module.json").read_text())
-    if not bind_params:
+    if not bind_params or not (art_dir / "params.npz").exists():  # later steps store bound modules
         return mod
     meta = json.loads((art_dir / "manifest.json").read_text())["meta"]
     with np.load(art_dir / "params.npz") as npz:
@@ -246,3 +246,9 @@ def load_module(art_dir: Path, bind_params: bool = True):
 def load_reference(art_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     with np.load(Path(art_dir) / "reference.npz") as npz:
         return npz["input"], npz["output"]
+
+
+def load_float_reference(art_dir: Path) -> np.ndarray | None:
+    """The float model's output, kept next to an int8 network's (exact) reference."""
+    with np.load(Path(art_dir) / "reference.npz") as npz:
+        return npz["float_output"] if "float_output" in npz.files else None

@@ -18,9 +18,12 @@ from . import build as build_mod
 from . import evaluate as eval_mod
 from . import extract as extract_mod
 from . import importers
+from . import pack as pack_mod
+from . import quantize as quantize_mod
 from . import records as records_mod
 from . import tuning
-from .config import EvalConfig, MeasureConfig, ModelConfig, TuneConfig
+from .config import EvalConfig, MeasureConfig, ModelConfig, PackConfig, PipelineConfig, QuantizeConfig, TuneConfig
+from .vta_config import VTAConfig
 from .hashing import sha256_file
 from .store import Artifact, ArtifactStore
 from .targets import ResolvedTarget
@@ -40,6 +43,55 @@ def fetch_step(store: ArtifactStore, model: ModelConfig) -> Artifact:
     return store.produce(
         importers.STEP, key, lambda out: importers.fetch_model(model, out), config=model.model_dump(mode="json")
     )
+
+
+# ---- quantize ---------------------------------------------------------------------------------
+def _quantize_config(cfg: QuantizeConfig, seed: int) -> dict[str, Any]:
+    return {**cfg.model_dump(mode="json", exclude={"enabled", "calibration_data"}), "seed": seed}
+
+
+def quantize_key(store: ArtifactStore, model_id: str, cfg: QuantizeConfig, seed: int = 0) -> str:
+    inputs = {"model": model_id}
+    if cfg.calibration_data is not None and cfg.calibrate_mode != "global_scale":
+        inputs["calibration"] = sha256_file(Path(cfg.calibration_data))  # content, not the file name
+    return store.key(quantize_mod.STEP, version=quantize_mod.VERSION, inputs=inputs,
+                     config=_quantize_config(cfg, seed))
+
+
+def quantize_step(store: ArtifactStore, model: Artifact, cfg: QuantizeConfig, seed: int = 0) -> Artifact:
+    key = quantize_key(store, model.id, cfg, seed)
+    return store.produce(
+        quantize_mod.STEP, key, lambda out: quantize_mod.quantize_model(model.path, cfg, out, seed),
+        inputs={"model": model.id}, config=_quantize_config(cfg, seed),
+    )
+
+
+# ---- pack -------------------------------------------------------------------------------------
+def _pack_config(pack: PackConfig, vta: VTAConfig) -> dict[str, Any]:
+    return {"pack": pack.model_dump(mode="json", exclude={"enabled"}), "vta": vta.model_dump(mode="json")}
+
+
+def pack_key(store: ArtifactStore, model_id: str, pack: PackConfig, vta: VTAConfig) -> str:
+    return store.key(pack_mod.STEP, version=pack_mod.VERSION, inputs={"model": model_id},
+                     config=_pack_config(pack, vta))
+
+
+def pack_step(store: ArtifactStore, model: Artifact, pack: PackConfig, vta: VTAConfig) -> Artifact:
+    key = pack_key(store, model.id, pack, vta)
+    return store.produce(
+        pack_mod.STEP, key, lambda out: pack_mod.pack_model(model.path, pack, vta, out),
+        inputs={"model": model.id}, config=_pack_config(pack, vta),
+    )
+
+
+def prepare_model(store: ArtifactStore, cfg: PipelineConfig, upto: str = "pack") -> Artifact:
+    """fetch -> quantize (if enabled) -> pack (if enabled): the network the tasks come from."""
+    model = fetch_step(store, cfg.model)
+    if cfg.quantize.enabled and upto in ("quantize", "pack"):
+        model = quantize_step(store, model, cfg.quantize, cfg.model.seed)
+    if cfg.pack.enabled and upto == "pack":
+        model = pack_step(store, model, cfg.pack, cfg.vta)
+    return model
 
 
 # ---- extract ----------------------------------------------------------------------------------
@@ -156,6 +208,7 @@ def evaluate_step(store: ArtifactStore, built: Artifact, fetched: Artifact, targ
         ev = eval_mod.evaluate_on_board(
             built.file(build_mod.LIB), importers.load_reference(fetched.path), target.kind,
             tracker, board_key, cfg.number, cfg.repeat, cfg.rtol, cfg.atol,
+            float_output=importers.load_float_reference(fetched.path),
         )
         (out / "evaluation.json").write_text(json.dumps(ev.to_dict(), indent=1))
         return ev.to_dict()

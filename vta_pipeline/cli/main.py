@@ -32,6 +32,21 @@ TargetOpt = Annotated[Optional[str], typer.Option("--target", help="Preset name 
 TrackerOpt = Annotated[Optional[str], typer.Option("--tracker", help="HOST:PORT of an RPC tracker (default: local board).")]
 KeyOpt = Annotated[Optional[str], typer.Option("--key", help="Board key under the tracker.")]
 StoreOpt = Annotated[Optional[Path], typer.Option("--store", help="Artifact store directory.")]
+# the int8 VTA path: quantize + graph pack
+VtaOpt = Annotated[bool, typer.Option("--vta", help="Quantize + pack with the recipe's defaults; tune the packed convs.")]
+VtaConfigOpt = Annotated[Optional[Path], typer.Option("--vta-config", help="VTA's vta_config.json (block sizes).")]
+QuantizeOpt = Annotated[Optional[bool], typer.Option("--quantize/--no-quantize", help="int8 quantization.")]
+GlobalScaleOpt = Annotated[Optional[float], typer.Option(help="Activation bound (power of two).")]
+SkipConvOpt = Annotated[Optional[str], typer.Option(help="conv2d indices kept float, e.g. 0 or 0,5 ('' = none).")]
+CalibModeOpt = Annotated[Optional[str], typer.Option(help="global_scale | max | percentile")]
+CalibDataOpt = Annotated[Optional[Path], typer.Option(help=".npy/.npz calibration inputs (B,C,H,W).")]
+PackOpt = Annotated[Optional[bool], typer.Option("--pack/--no-pack", help="VTA graph pack.")]
+PackStartOpt = Annotated[Optional[str], typer.Option(help="Operator packing starts after (nn.max_pool2d).")]
+PackStopOpt = Annotated[Optional[str], typer.Option(help="Operator packing stops before (nn.global_avg_pool2d).")]
+PackStartIdxOpt = Annotated[Optional[int], typer.Option(help="Which occurrence of --pack-start (0 = first).")]
+PackStopIdxOpt = Annotated[Optional[int], typer.Option(help="Which occurrence of --pack-stop.")]
+BfactorOpt = Annotated[Optional[int], typer.Option(help="Batch block (default: VTA BATCH).")]
+CfactorOpt = Annotated[Optional[int], typer.Option(help="Channel block (default: VTA BLOCK_OUT).")]
 
 
 def _fail(msg: str) -> None:
@@ -52,6 +67,32 @@ def _model_overrides(model, source, onnx_path, input_shape) -> dict:
     """The model options shared by `run` and `tasks`, as config overrides."""
     return {"model.name": model, "model.source": source, "model.path": onnx_path and str(onnx_path),
             "model.input_shape": _shape(input_shape)}
+
+
+def _int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode, calibration_data,
+                    pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx, bfactor, cfactor) -> dict:
+    """The quantize / pack options shared by `run`, `tasks` and `pack-points`, as overrides.
+    `--vta` turns both on (an explicit --no-quantize/--no-pack still wins)."""
+    skip = None
+    if skip_conv_layers is not None:
+        try:
+            skip = [int(i) for i in skip_conv_layers.split(",") if i.strip()]
+        except ValueError:
+            _fail(f"--skip-conv-layers {skip_conv_layers!r} is not a comma-separated list of conv indices")
+    out = {
+        "quantize.enabled": quantize if quantize is not None else (True if vta else None),
+        "quantize.global_scale": global_scale, "quantize.skip_conv_layers": skip,
+        "quantize.calibrate_mode": calibrate_mode, "quantize.calibration_data": calibration_data and str(calibration_data),
+        "pack.enabled": pack if pack is not None else (True if vta else None),
+        "pack.start_name": pack_start, "pack.stop_name": pack_stop,
+        "pack.start_name_idx": pack_start_idx, "pack.stop_name_idx": pack_stop_idx,
+        "pack.bfactor": bfactor, "pack.cfactor": cfactor,
+    }
+    if vta_config is not None:
+        from vta_pipeline.vta_config import VTAConfig
+
+        out["vta"] = _guard(lambda: VTAConfig.load(vta_config)).model_dump()
+    return out
 
 
 def _config(config, overrides):
@@ -87,13 +128,27 @@ def run(
     cost_model: Annotated[Optional[str], typer.Option(help="xgb | random")] = None,
     search: Annotated[Optional[str], typer.Option(help="evolutionary | replay-trace")] = None,
     early_stopping: Annotated[Optional[int], typer.Option(help="Stop a task after N trials without improvement.")] = None,
-    task_filter: Annotated[Optional[str], typer.Option(help="all | conv2d")] = None,
+    task_filter: Annotated[Optional[str], typer.Option(help="auto | all | conv2d | packed")] = None,
     number: Annotated[Optional[int], typer.Option(help="Runs per measurement while tuning.")] = None,
     repeat: Annotated[Optional[int], typer.Option(help="Measurements per candidate while tuning.")] = None,
     timeout: Annotated[Optional[int], typer.Option(help="RPC session timeout per measurement, s.")] = None,
     eval_repeat: Annotated[Optional[int], typer.Option(help="Timed repeats of the final evaluation.")] = None,
     store: StoreOpt = None,
     cache: Annotated[str, typer.Option(help="on | off | redo | readonly")] = "on",
+    vta: VtaOpt = False,
+    vta_config: VtaConfigOpt = None,
+    quantize: QuantizeOpt = None,
+    global_scale: GlobalScaleOpt = None,
+    skip_conv_layers: SkipConvOpt = None,
+    calibrate_mode: CalibModeOpt = None,
+    calibration_data: CalibDataOpt = None,
+    pack: PackOpt = None,
+    pack_start: PackStartOpt = None,
+    pack_stop: PackStopOpt = None,
+    pack_start_idx: PackStartIdxOpt = None,
+    pack_stop_idx: PackStopIdxOpt = None,
+    bfactor: BfactorOpt = None,
+    cfactor: CfactorOpt = None,
 ):
     """Tune a network end to end (the Prefect flow `tune_network`) and print the result."""
 
@@ -113,6 +168,9 @@ def run(
             "tune.cost_model": cost_model, "tune.search": search, "tune.early_stopping": early_stopping,
             "tune.task_filter": task_filter, "measure.number": number, "measure.repeat": repeat,
             "measure.timeout_s": timeout, "evaluate.repeat": eval_repeat, "store": store and str(store),
+            **_int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode,
+                              calibration_data, pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx,
+                              bfactor, cfactor),
         })
         resolve_target(cfg.target)
         check_model(cfg.model)
@@ -181,24 +239,43 @@ def tasks_cmd(
     target: TargetOpt = None,
     store: StoreOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list instead of a table.")] = False,
+    task_filter: Annotated[Optional[str], typer.Option(help="auto | all | conv2d | packed")] = None,
+    vta: VtaOpt = False,
+    vta_config: VtaConfigOpt = None,
+    quantize: QuantizeOpt = None,
+    global_scale: GlobalScaleOpt = None,
+    skip_conv_layers: SkipConvOpt = None,
+    calibrate_mode: CalibModeOpt = None,
+    calibration_data: CalibDataOpt = None,
+    pack: PackOpt = None,
+    pack_start: PackStartOpt = None,
+    pack_stop: PackStopOpt = None,
+    pack_start_idx: PackStartIdxOpt = None,
+    pack_stop_idx: PackStopIdxOpt = None,
+    bfactor: BfactorOpt = None,
+    cfactor: CfactorOpt = None,
 ):
-    """Fetch the model and print its tuning tasks (cached in the store like a run's)."""
+    """Fetch (quantize, pack) the model and print its tuning tasks, cached in the store like a run's.
+    The workload columns are the VTA recipe's; packed tasks count batch = N/b*b, in_filter = C/c*c."""
 
     def go():
         from vta_pipeline import steps
-        from vta_pipeline.extract import WORKLOAD_FIELDS, load_tasks
+        from vta_pipeline.extract import WORKLOAD_FIELDS, load_tasks, select_tasks
         from vta_pipeline.store import ArtifactStore
         from vta_pipeline.targets import resolve_target
 
         cfg = _config(config, {
             **_model_overrides(model, source, onnx_path, input_shape), "target": target,
-            "store": store and str(store),
+            "store": store and str(store), "tune.task_filter": task_filter,
+            **_int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode,
+                              calibration_data, pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx,
+                              bfactor, cfactor),
         })
         tgt = resolve_target(cfg.target)
         st = ArtifactStore(cfg.store)
-        fetched = steps.fetch_step(st, cfg.model)
+        fetched = steps.prepare_model(st, cfg)
         extracted = steps.extract_step(st, fetched, tgt)
-        tasks = load_tasks(extracted.path)
+        tasks = select_tasks(load_tasks(extracted.path), cfg.tune.task_filter)
         if as_json:
             out = []
             for t in tasks:
@@ -211,13 +288,81 @@ def tasks_cmd(
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title=f"tuning tasks of {fetched.meta['model']} for {tgt.name}")
+        table = Table(title=f"tuning tasks of {cfg.model.name} for {tgt.name}")
         for h in ("#", "task", "weight", "MFLOP", *WORKLOAD_FIELDS):
             table.add_column(h)
         for t in tasks:
             wl = [str(v) for v in t.workload] if t.workload else ["-"] * len(WORKLOAD_FIELDS)
             table.add_row(str(t.index), t.name, str(t.weight), f"{t.flops / 1e6:.1f}", *wl)
-        Console().print(table)
+        Console(width=None if sys.stdout.isatty() else 200).print(table)
+
+    _guard(go)
+
+
+@app.command("pack-points")
+def pack_points_cmd(
+    model: Annotated[Optional[str], typer.Argument(help="Model name (default: built-in tinynet).")] = None,
+    config: ConfigOpt = None,
+    source: SourceOpt = None,
+    onnx_path: OnnxOpt = None,
+    input_shape: ShapeOpt = None,
+    store: StoreOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    vta_config: VtaConfigOpt = None,
+    quantize: QuantizeOpt = None,
+    global_scale: GlobalScaleOpt = None,
+    skip_conv_layers: SkipConvOpt = None,
+    pack_start: PackStartOpt = None,
+    pack_stop: PackStopOpt = None,
+    pack_start_idx: PackStartIdxOpt = None,
+    pack_stop_idx: PackStopIdxOpt = None,
+    bfactor: BfactorOpt = None,
+    cfactor: CfactorOpt = None,
+):
+    """List the network's operators with their occurrence indices, mark the start/stop that the
+    pack options select (default: first nn.max_pool2d, then the first global average pool), and
+    say whether that region packs, or which operator stops it."""
+
+    def go():
+        from vta_pipeline import pack as pack_mod
+        from vta_pipeline import steps
+        from vta_pipeline.store import ArtifactStore
+
+        cfg = _config(config, {
+            **_model_overrides(model, source, onnx_path, input_shape), "store": store and str(store),
+            **_int8_overrides(False, vta_config, quantize, global_scale, skip_conv_layers, None, None, None,
+                              pack_start, pack_stop, pack_start_idx, pack_stop_idx, bfactor, cfactor),
+        })
+        st = ArtifactStore(cfg.store)
+        art = steps.prepare_model(st, cfg, upto="quantize")
+        res = pack_mod.pack_points(art.path, cfg.pack, cfg.vta)
+        if as_json:
+            typer.echo(json.dumps(res, indent=1))
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"operators of {cfg.model.name} (blocks b={res['bfactor']}, c={res['cfactor']})")
+        for h in ("#", "operator", "occurrence", "inputs", "output", ""):
+            table.add_column(h)
+        for r in res["operators"]:
+            mark = ""
+            if r["index"] == res["start"]:
+                mark = "START (packed after)"
+            elif r["index"] == res["stop"]:
+                mark = "STOP (unpacked before)"
+            elif res["start"] is not None and res["start"] < r["index"] < (res["stop"] or 10**9):
+                mark = "packed" if res["packable"] else "in region"
+            name = r["name"] + (f" ({', '.join(r['aliases'])})" if r["aliases"] else "")
+            ins = ", ".join("x".join(map(str, s)) if s else "?" for s in r["inputs"])
+            out = "x".join(map(str, r["output"])) if r["output"] else "?"
+            table.add_row(str(r["index"]), name, str(r["occurrence"]), ins, out, mark)
+        console = Console(width=None if sys.stdout.isatty() else 150)
+        console.print(table)
+        if res["packable"]:
+            console.print(f"region #{res['start']} -> #{res['stop']} packs: {res['packed_ops']} operators packed")
+        else:
+            console.print(f"[red]not packable:[/red] {res['error']}")
 
     _guard(go)
 

@@ -1,0 +1,276 @@
+"""Graph pack: VTA's `graph_pack` as a Relax rewrite.
+
+Between a start operator (default the first `nn.max_pool2d`) and a stop operator
+(default the first global average pool after it) every tensor is kept in VTA's blocked
+layout:
+    activations NCHW -> (N/b, C/c, H, W, b, c)          "NCHW{b}n{c}c"
+    conv weights OIHW -> (O/c, I/c, kh, kw, c, c)        "OIHW{c}o{c}i" (packed here, at
+                                                          compile time: they are constants)
+The start operator runs unpacked and its output is packed; the stop operator's input is
+unpacked (VTA's semantics). Inside, conv2d becomes a packed conv2d whose lowering is VTA's
+`conv2d_packed` (see packed_ops), elementwise ops (bias, residual add, shift, clamp, cast)
+run on packed tensors with packed constants, pools and channel concats run on the blocked
+layout. Anything else in the region, or channels not divisible by the block, is an error
+that names the operator, its index and its shapes, raised before any tuning.
+
+`start_name_idx` / `stop_name_idx` pick the k-th occurrence of the name (0-based);
+`nn.global_avg_pool2d` also matches Relax's forms of it (`mean` over H and W,
+`nn.adaptive_avg_pool2d` to 1x1). `vta-pipeline pack-points` lists the candidates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..errors import UserError
+from .graph import OpInfo, Rebuilder, const_value, main_bindings, op_name, op_sequence, shape_of
+from .packed_ops import packed_data_layout, packed_depthwise_kernel_layout, packed_kernel_layout
+
+GLOBAL_AVG_POOL = "nn.global_avg_pool2d"
+UNARY = {"nn.relu", "clip", "astype", "round", "sigmoid", "tanh", "negative", "abs", "floor", "ceil", "exp", "sqrt"}
+BINARY = {"add", "subtract", "multiply", "divide", "maximum", "minimum", "right_shift", "left_shift"}
+POOLS = {"nn.max_pool2d", "nn.avg_pool2d"}
+PACKABLE = UNARY | BINARY | POOLS | {"nn.conv2d", "concat"}
+
+
+class PackError(UserError):
+    """The requested region cannot be packed; the message names the operator."""
+
+
+@dataclass(frozen=True)
+class PackParams:
+    bfactor: int = 1
+    cfactor: int = 16
+    weight_bits: int = 8
+    start_name: str = "nn.max_pool2d"
+    stop_name: str = GLOBAL_AVG_POOL
+    start_name_idx: int | None = None
+    stop_name_idx: int | None = None
+
+
+def is_global_avg_pool(op: OpInfo) -> bool:
+    a = op.call.attrs
+    if op.name == "mean" and op.in_shapes and op.in_shapes[0] and len(op.in_shapes[0]) == 4:
+        axes = {int(x) % 4 for x in a.axis} if a.axis is not None else {0, 1, 2, 3}
+        return axes == {2, 3}
+    if op.name == "nn.adaptive_avg_pool2d":
+        return a.output_size is None or [int(s) for s in a.output_size] == [1, 1]
+    return False
+
+
+def matches(op: OpInfo, name: str) -> bool:
+    return op.name == name or (name == GLOBAL_AVG_POOL and is_global_avg_pool(op))
+
+
+def aliases(op: OpInfo) -> list[str]:
+    return [GLOBAL_AVG_POOL] if is_global_avg_pool(op) else []
+
+
+@dataclass
+class Region:
+    start: OpInfo
+    stop: OpInfo | None  # None: packed to the end of the network
+
+
+def find_region(ops: list[OpInfo], p: PackParams) -> Region:
+    """The start and stop operators the parameters name; errors list what exists."""
+    starts = [o for o in ops if matches(o, p.start_name)]
+    hint = " `vta-pipeline pack-points MODEL` lists the operators and their occurrence indices."
+    if not starts:
+        names = sorted({o.name for o in ops} | {a for o in ops for a in aliases(o)})
+        raise PackError(f"start operator {p.start_name!r} is not in the network (it has: {', '.join(names)})." + hint)
+    k = p.start_name_idx or 0
+    if k >= len(starts):
+        raise PackError(
+            f"start_name_idx {k}: the network has only {len(starts)} occurrence(s) of {p.start_name!r}." + hint
+        )
+    start = starts[k]
+    stops = [o for o in ops if matches(o, p.stop_name)]
+    if p.stop_name_idx is not None:
+        if p.stop_name_idx >= len(stops):
+            raise PackError(
+                f"stop_name_idx {p.stop_name_idx}: the network has only {len(stops)} occurrence(s) of "
+                f"{p.stop_name!r}." + hint
+            )
+        stop = stops[p.stop_name_idx]
+    else:
+        after = [o for o in stops if o.index > start.index]
+        if not after:
+            raise PackError(
+                f"stop operator {p.stop_name!r} does not occur after the start {start.describe()}." + hint
+            )
+        stop = after[0]
+    if stop.index <= start.index:
+        raise PackError(f"the stop {stop.describe()} comes before the start {start.describe()}." + hint)
+    return Region(start, stop)
+
+
+class GraphPacker(Rebuilder):
+    def __init__(self, mod: tvm.IRModule, p: PackParams):
+        super().__init__()
+        if p.weight_bits != 8:
+            raise PackError(
+                f"weight_bits={p.weight_bits}: weights narrower than 8 bits need bit-packed weight lanes, "
+                "which this graph pack does not implement; use 8"
+            )
+        self.p = p
+        self.ops = op_sequence(mod)
+        self.region = find_region(self.ops, p)
+        self.info = {o.var: o for o in self.ops}
+        bindings = main_bindings(mod)
+        pos = {b.var: i for i, b in enumerate(bindings)}
+        self.lo = pos[self.region.start.var]
+        self.hi = pos[self.region.stop.var] if self.region.stop else len(bindings)
+        self.packed: dict[Any, Any] = {}
+        self.unpacked: dict[Any, Any] = {}
+        self.layout = packed_data_layout(p.bfactor, p.cfactor)
+        self.packed_ops: list[str] = []
+
+    # ---- layouts ---------------------------------------------------------------------------------
+    def _fail(self, op: OpInfo, why: str) -> PackError:
+        return PackError(
+            f"cannot pack {op.describe()}: {why}. Choose pack points around it "
+            "(--pack-start/--pack-stop and their indices; `vta-pipeline pack-points` lists them)."
+        )
+
+    def _check_nchw(self, shape, op: OpInfo, what: str) -> None:
+        b, c = self.p.bfactor, self.p.cfactor
+        if shape is None or len(shape) != 4:
+            raise self._fail(op, f"{what} has shape {shape}, not NCHW")
+        if shape[0] % b or shape[1] % c:
+            raise self._fail(op, f"{what} {'x'.join(map(str, shape))}: batch must be divisible by bfactor={b} "
+                                 f"and channels by cfactor={c}")
+
+    def pack(self, var: Any, op: OpInfo) -> Any:
+        if var in self.packed:
+            return self.packed[var]
+        shape = shape_of(var)
+        self._check_nchw(shape, op, f"input {var.name}")
+        n, c, h, w = shape
+        b, cf = self.p.bfactor, self.p.cfactor
+        x = relax.op.reshape(self.lookup(var), (n // b, b, c // cf, cf, h, w))
+        self.packed[var] = self.emit(relax.op.permute_dims(x, [0, 2, 4, 5, 1, 3]), "pack")
+        return self.packed[var]
+
+    def lookup(self, expr: Any) -> Any:
+        if isinstance(expr, relax.Var) and self.env.get(expr, 0) is None and expr in self.packed:
+            if expr not in self.unpacked:
+                n, c, h, w = shape_of(expr)
+                y = relax.op.permute_dims(self.packed[expr], [0, 4, 1, 5, 2, 3])
+                self.unpacked[expr] = self.emit(relax.op.reshape(y, (n, c, h, w)), "unpack")
+            return self.unpacked[expr]
+        return super().lookup(expr)
+
+    def _packed_const(self, value: np.ndarray, op: OpInfo) -> Any:
+        if value.ndim == 0 or value.size == 1 and value.ndim <= 1:
+            return relax.const(value)
+        v = value.reshape((1,) * (4 - value.ndim) + value.shape) if value.ndim < 4 else value
+        if v.ndim != 4 or v.shape[0] != 1 or v.shape[2:] != (1, 1) or v.shape[1] % self.p.cfactor:
+            raise self._fail(op, f"constant of shape {value.shape} is not a per-channel or scalar constant")
+        cf = self.p.cfactor
+        return relax.const(np.ascontiguousarray(v.reshape(1, v.shape[1] // cf, 1, 1, 1, cf)))
+
+    def _operand(self, arg: Any, op: OpInfo) -> Any:
+        c = const_value(arg)
+        if c is not None:
+            return self._packed_const(c, op)
+        if isinstance(arg, relax.Var):
+            return self.pack(arg, op)
+        raise self._fail(op, f"argument {arg} is neither a tensor nor a constant")
+
+    # ---- the rules -------------------------------------------------------------------------------
+    def rewrite(self, index: int, binding: Any) -> Any:
+        if not self.lo < index < self.hi:
+            return self.copy(binding)
+        v, var = binding.value, binding.var
+        if isinstance(v, relax.Var) and v in self.packed:
+            self.packed[var] = self.packed[v]
+            return None
+        op = self.info.get(var)
+        if op is None:
+            raise PackError(f"cannot pack binding {var.name} = {type(v).__name__}: not an operator call")
+        if op.name not in PACKABLE:
+            raise self._fail(op, f"{op.name} has no packed form")
+        a = v.attrs
+        name = str(var.name)
+        if op.name == "nn.conv2d":
+            new = self._conv(v, op)
+        elif op.name in UNARY:
+            new = relax.Call(v.op, [self._operand(v.args[0], op)] + list(v.args[1:]), a, v.ty_args)
+        elif op.name in BINARY:
+            new = relax.Call(v.op, [self._operand(x, op) for x in v.args], a, v.ty_args)
+        elif op.name in POOLS:
+            self._check_nchw(op.out_shape, op, "output")
+            f = relax.op.nn.max_pool2d if op.name == "nn.max_pool2d" else relax.op.nn.avg_pool2d
+            new = f(self._operand(v.args[0], op), a.pool_size, a.strides, a.padding, a.dilation,
+                    bool(a.ceil_mode), bool(a.count_include_pad), self.layout, self.layout)
+        else:  # concat
+            if int(a.axis) % 4 != 1:
+                raise self._fail(op, f"concat along axis {int(a.axis)}; only channel concats can be packed")
+            fields = [self._operand(f, op) for f in v.args[0].fields]
+            new = relax.op.concat(fields, axis=1)
+        self.packed[var] = self.emit(new, name)
+        self.packed_ops.append(op.describe())
+        return None
+
+    def _conv(self, call: Any, op: OpInfo) -> Any:
+        a = call.attrs
+        w = const_value(call.args[1])
+        if w is None:
+            raise self._fail(op, "its weight is not a constant (weights must be bound to be packed)")
+        if str(a.data_layout) != "NCHW" or str(a.kernel_layout) != "OIHW":
+            raise self._fail(op, f"layouts {a.data_layout}/{a.kernel_layout} are not NCHW/OIHW")
+        cf = self.p.cfactor
+        o, i, kh, kw = w.shape
+        groups = int(a.groups)
+        cin = op.in_shapes[0][1]
+        x = self._operand(call.args[0], op)
+        if groups == 1:
+            if o % cf or i % cf:
+                raise self._fail(op, f"weight {o}x{i}x{kh}x{kw}: output and input channels must be divisible by "
+                                     f"cfactor={cf}")
+            wp = w.reshape(o // cf, cf, i // cf, cf, kh, kw).transpose(0, 2, 4, 5, 1, 3).copy()
+            klayout = packed_kernel_layout(cf)
+        elif groups == cin == o and i == 1:
+            if o % cf:
+                raise self._fail(op, f"depthwise weight {o}x1x{kh}x{kw}: channels must be divisible by cfactor={cf}")
+            wp = w.reshape(o // cf, cf, 1, kh, kw).transpose(0, 2, 3, 4, 1).copy()
+            klayout = packed_depthwise_kernel_layout(cf)
+        else:
+            raise self._fail(op, f"grouped conv2d with groups={groups} has no packed form (only 1 or depthwise)")
+        return relax.op.nn.conv2d(x, relax.const(wp), a.strides, a.padding, a.dilation, groups,
+                                  self.layout, klayout, self.layout, out_dtype=a.out_dtype)
+
+
+@dataclass
+class PackReport:
+    start: str
+    stop: str | None
+    packed_ops: list[str]
+    bfactor: int
+    cfactor: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def graph_pack(mod: tvm.IRModule, p: PackParams) -> tuple[tvm.IRModule, PackReport]:
+    """Pack the region of a (BN-folded, optionally quantized) network; see the module doc."""
+    packer = GraphPacker(mod, p)
+    out = packer.run(mod)
+    region = packer.region
+    return out, PackReport(region.start.describe(), region.stop.describe() if region.stop else None,
+                           packer.packed_ops, p.bfactor, p.cfactor)
+
+
+def GraphPack(p: PackParams) -> tvm.ir.transform.Pass:  # noqa: N802 (TVM's pass naming)
+    @tvm.ir.transform.module_pass(opt_level=0, name="vta_pipeline.GraphPack")
+    def _pass(mod, _ctx):
+        return graph_pack(mod, p)[0]
+
+    return _pass

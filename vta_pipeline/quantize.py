@@ -1,0 +1,131 @@
+"""Step "quantize": the imported float network -> int8 (relay.quantize semantics, Relax).
+
+Batch norm is folded into the conv weights first, activations' exponents come from the
+global scale or from calibration (numpy interpreter over the float graph), then the
+rewrite of `passes.quantize`. The integer emulation of the quantized graph on the stored
+input becomes the reference the compiled network must reproduce exactly; agreement with
+the float model is reported.
+
+Artifact: module.json (the quantized Relax module, weights bound), quantized.py (its
+Relax text, for reading), layers.json (per conv: quantized or not, exponents),
+reference.npz (input, output = the integer emulation, float_output = the framework's).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import QuantizeConfig
+from .errors import ConfigError, ModelError
+
+STEP = "quantize"
+VERSION = 1
+
+
+def agreement(y: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
+    """How close an output is to a reference: cosine, max abs error, top-1 match."""
+    y64, r64 = y.astype(np.float64).ravel(), ref.astype(np.float64).ravel()
+    cos = float(np.dot(y64, r64) / (np.linalg.norm(y64) * np.linalg.norm(r64) + 1e-30))
+    out = {"cosine": cos, "max_abs_error": float(np.abs(y64 - r64).max()), "exact": bool(np.array_equal(y, ref))}
+    if y.ndim == 2:
+        out["top1_agree"] = float(np.mean(y.argmax(axis=1) == ref.argmax(axis=1)))
+    return out
+
+
+def calibration_inputs(cfg: QuantizeConfig, input_shape: tuple[int, ...], seed: int) -> list[np.ndarray]:
+    """Batches shaped like the model input: from cfg.calibration_data, or seeded random data."""
+    n, *chw = input_shape
+    if cfg.calibration_data is None:
+        rng = np.random.default_rng(seed + 1)
+        return [rng.standard_normal(input_shape).astype("float32") for _ in range(cfg.calibration_batches)]
+    path = Path(cfg.calibration_data)
+    if not path.is_file():
+        raise ConfigError(f"calibration data file {path} does not exist (quantize.calibration_data)")
+    try:
+        if path.suffix == ".npz":
+            with np.load(path) as z:
+                data = z[z.files[0]]
+        else:
+            data = np.load(path)
+    except Exception as e:
+        raise ConfigError(f"calibration data file {path} is not a .npy/.npz array: {e}") from None
+    if data.ndim != 4 or list(data.shape[1:]) != chw:
+        raise ConfigError(
+            f"calibration data {path} has shape {list(data.shape)}; the model takes (B, {', '.join(map(str, chw))})"
+        )
+    data = data.astype("float32")
+    return [data[i:i + n] for i in range(0, len(data) - n + 1, n)]
+
+
+def calibrate(mod, cfg: QuantizeConfig, batches: list[np.ndarray]) -> dict[Any, int]:
+    """Per-activation exponents from the float graph's values on the calibration batches."""
+    from . import emulate
+    from .passes.quantize import QuantizeParams, quantization_points
+
+    points = quantization_points(mod)
+    bounds: dict[Any, list[np.ndarray]] = {p: [] for p in points}
+    interp = emulate.Interpreter(mod)
+    for x in batches:
+        _, seen = interp.run([x], watch=points)
+        for p, v in seen.items():
+            bounds[p].append(np.abs(v).ravel())
+    exps = {}
+    for p, vals in bounds.items():
+        if not vals:
+            continue
+        a = np.concatenate(vals)
+        bound = float(a.max()) if cfg.calibrate_mode == "max" else float(np.percentile(a, cfg.percentile))
+        exps[p] = QuantizeParams.exp_for_bound(bound, cfg.nbit_input)
+    return exps
+
+
+def quantize_model(model_dir: Path, cfg: QuantizeConfig, out_dir: Path, seed: int = 0) -> dict[str, Any]:
+    import math
+
+    import tvm
+
+    from . import emulate
+    from .importers import load_module, load_reference
+    from .passes.quantize import QuantizeParams, fold_batch_norm, quantize
+
+    mod = fold_batch_norm(load_module(model_dir))
+    x, y_float = load_reference(model_dir)
+    n_conv = sum(1 for b in mod["main"].body.blocks for bd in b.bindings
+                 if getattr(getattr(bd.value, "op", None), "name", "") == "relax.nn.conv2d")  # fmt: skip
+    bad = [i for i in cfg.skip_conv_layers if not 0 <= i < n_conv]
+    if bad:
+        raise ConfigError(
+            f"quantize.skip_conv_layers {bad}: the model has {n_conv} conv2d layers (indices 0..{n_conv - 1}); "
+            "`vta-pipeline pack-points` lists them"
+        )
+    params = QuantizeParams(
+        act_exp=(cfg.nbit_input - 1) - int(round(math.log2(cfg.global_scale))),
+        skip_conv_layers=tuple(cfg.skip_conv_layers),
+        nbit_input=cfg.nbit_input,
+        nbit_weight=cfg.nbit_weight,
+    )
+    if cfg.calibrate_mode != "global_scale":
+        params.var_act_exp = calibrate(mod, cfg, calibration_inputs(cfg, tuple(x.shape), seed))
+    qmod, layers = quantize(mod, params)
+    if not any(l.quantized for l in layers):
+        raise ModelError("quantize found no conv2d layer to quantize (all skipped, or weights not constants)")
+    try:
+        y_int, _ = emulate.run(qmod, [x])
+    except ModelError as e:
+        raise ModelError(f"the quantized graph cannot be emulated: {e}") from None
+    (out_dir / "module.json").write_text(tvm.ir.save_json(qmod))
+    (out_dir / "quantized.py").write_text(qmod.script(show_meta=False))
+    (out_dir / "layers.json").write_text(json.dumps([l.to_dict() for l in layers], indent=1))
+    np.savez(out_dir / "reference.npz", input=x, output=y_int, float_output=y_float)
+    vs_float = agreement(y_int, y_float)
+    return {
+        "calibrate_mode": cfg.calibrate_mode,
+        "conv_layers": len(layers),
+        "quantized_layers": sum(l.quantized for l in layers),
+        "float_layers": [l.index for l in layers if not l.quantized],
+        "vs_float": vs_float,
+    }
