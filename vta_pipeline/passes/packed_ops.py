@@ -9,7 +9,8 @@ then fails. We lower them with VTA's compute, so the tuning tasks are VTA's task
 
 Depthwise convs (groups == channels, as in mobilenet) have no VTA compute; packed, their
 kernel is `OIHW{c}o` and each output channel reads only its own input channel.
-Everything else goes to Relax's default conv2d lowering.
+Everything else goes to Relax's default conv2d lowering. Integer avg pools are lowered
+with a cast back to their inferred type (TOPI computes them in int64).
 """
 
 from __future__ import annotations
@@ -103,6 +104,26 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> Any:
                       out_dtype=out_dtype, primfunc_name_hint=name)
 
 
+def _legalize_avg_pool2d(bb: relax.BlockBuilder, call: relax.Call) -> Any:
+    """TOPI's avg pool of an int32 tensor computes in int64 (the division truncates, as in C):
+    cast back, so the result has the type Relax inferred (int32)."""
+    from tvm.relax.transform.legalize_ops import nn as default_nn
+
+    dtype = str(call.args[0].ty.dtype)
+    if not dtype.startswith(("int", "uint")):
+        return default_nn._nn_avg_pool2d(bb, call)
+    a = call.attrs
+
+    def pool(data):
+        out = topi.nn.pool2d(data, kernel=a.pool_size, stride=a.strides, dilation=a.dilation, padding=a.padding,
+                             pool_type="avg", ceil_mode=bool(a.ceil_mode), layout=a.layout,
+                             count_include_pad=bool(a.count_include_pad))
+        return topi.cast(out, dtype)
+
+    return bb.call_te(pool, call.args[0], primfunc_name_hint="avg_pool2d")
+
+
 def legalize_map() -> dict[str, Any]:
-    """`LegalizeOps(customize_legalize_map=legalize_map())`: packed convs get VTA's compute."""
-    return {"relax.nn.conv2d": _legalize_conv2d}
+    """`LegalizeOps(customize_legalize_map=legalize_map())`: packed convs get VTA's compute,
+    integer avg pools keep their type."""
+    return {"relax.nn.conv2d": _legalize_conv2d, "relax.nn.avg_pool2d": _legalize_avg_pool2d}

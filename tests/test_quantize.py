@@ -1,0 +1,154 @@
+"""Quantize: relay.quantize's rules as a Relax rewrite, bit-exact against the numpy emulation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from int8_nets import Blocks, build_run, randomize, to_relax, train_small_cnn
+
+from vta_pipeline import emulate
+from vta_pipeline.config import ModelConfig, QuantizeConfig
+from vta_pipeline.errors import ConfigError
+from vta_pipeline.passes.graph import op_sequence
+from vta_pipeline.passes.quantize import QuantizeParams, quantize
+from vta_pipeline.quantize import calibrate
+
+
+@pytest.fixture(scope="module")
+def blocks():
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype("float32")
+    return to_relax(randomize(Blocks(), 0), x), x
+
+
+def _ops(mod):
+    return [o.name for o in op_sequence(mod)]
+
+
+def test_tvm_int8_graph_is_bit_exact_against_the_numpy_integer_emulation(blocks):
+    mod, x = blocks
+    for skip in ((), (0,)):
+        q, layers = quantize(mod, QuantizeParams(skip_conv_layers=skip))
+        y_tvm = build_run(q, x)
+        y_emu, _ = emulate.run(q, [x])
+        assert np.array_equal(y_tvm, y_emu), f"skip={skip}: max diff {np.abs(y_tvm - y_emu).max()}"
+        assert sum(l.quantized for l in layers) == 7 - len(skip)
+
+
+def test_the_emulation_follows_the_recipe_arithmetic_written_out_by_hand():
+    """conv -> relu -> conv at global_scale 8 (activations at 2^-4), no layer skipped:
+    the rules computed independently of the graph interpreter."""
+    import torch
+
+    from vta_pipeline.emulate import conv2d
+
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Conv2d(16, 16, 3, padding=1)
+            self.b = torch.nn.Conv2d(16, 16, 3, padding=1, bias=False)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+    torch.manual_seed(1)
+    net = Two().eval()
+    x = np.random.default_rng(1).standard_normal((1, 16, 8, 8)).astype("float32")
+    q, _ = quantize(to_relax(net, x), QuantizeParams(skip_conv_layers=()))
+    wa, ba = net.a.weight.detach().numpy(), net.a.bias.detach().numpy()
+    wb = net.b.weight.detach().numpy()
+
+    def wq(w):
+        e = 7 - int(np.ceil(np.log2(np.abs(w).max())))
+        return np.clip(np.round(w.astype(np.float64) * 2.0**e), -127, 127).astype(np.int64), e
+
+    xq = np.clip(np.round(x * np.float32(16)), -127, 127).astype(np.int64)
+    qa, ea = wq(wa)
+    acc = conv2d(xq, qa, (1, 1), (1, 1, 1, 1), (1, 1), 1, True)
+    acc = np.maximum(acc + np.round(ba * 2.0 ** (4 + ea)).astype(np.int64)[None, :, None, None], 0)
+    k = 4 + ea - 4
+    hq = np.clip((acc + (1 << (k - 1))) >> k, -127, 127)
+    qb, eb = wq(wb)
+    expected = conv2d(hq, qb, (1, 1), (1, 1, 1, 1), (1, 1), 1, True).astype(np.float32) * np.float32(2.0 ** -(4 + eb))
+    assert np.array_equal(build_run(q, x), expected)
+
+
+def test_skip_conv_layers_keeps_those_convs_float(blocks):
+    mod, _ = blocks
+    q, layers = quantize(mod, QuantizeParams(skip_conv_layers=(0, 3)))
+    assert [l.index for l in layers if not l.quantized] == [0, 3]
+    convs = [o for o in op_sequence(q) if o.name == "nn.conv2d"]
+    dtypes = [str(o.var.ty.dtype) for o in convs]
+    assert dtypes[0] == dtypes[3] == "float32" and dtypes.count("int32") == 5
+
+
+def test_weight_scales_are_powers_of_two_that_use_the_int8_range(blocks):
+    mod, _ = blocks
+    q, layers = quantize(mod, QuantizeParams())
+    float_w = {o.index: o.call.args[1] for o in op_sequence(mod) if o.name == "nn.conv2d"}
+    convs = [o for o in op_sequence(q) if o.name == "nn.conv2d"]
+    for layer, conv in zip(layers, convs):
+        if not layer.quantized:
+            continue
+        w = float_w[[o.index for o in op_sequence(mod) if o.name == "nn.conv2d"][layer.index]].value.numpy()
+        wq = conv.call.args[1].value.numpy()
+        assert wq.dtype == np.int8 and 64 <= np.abs(wq).max() <= 127
+        np.testing.assert_array_equal(wq, np.clip(np.round(w.astype(np.float64) * 2.0**layer.weight_exp), -127, 127))
+        assert layer.acc_exp == layer.act_exp + layer.weight_exp
+
+
+def test_requantization_is_shift_and_min_max_and_fuses_into_the_conv(blocks):
+    from vta_pipeline.relax_pipeline import lower_for_tuning
+
+    mod, _ = blocks
+    q, _ = quantize(mod, QuantizeParams())
+    names = _ops(q)
+    assert "right_shift" in names and "minimum" in names and "maximum" in names
+    assert "clip" in _ops(mod) and "clip" not in names  # relu6 too becomes min/max on int32
+    fused = [gv.name_hint for gv in lower_for_tuning(q).functions if "conv2d" in gv.name_hint]
+    assert any("right_shift" in f and "cast" in f for f in fused), fused
+
+
+def test_global_scale_must_be_a_power_of_two_and_skip_indices_must_exist(tmp_path, store):
+    with pytest.raises(ValueError, match="power of two"):
+        QuantizeConfig(global_scale=6.0)
+    from vta_pipeline import steps
+
+    fetched = steps.fetch_step(store, ModelConfig(source="builtin", name="micronet"))
+    with pytest.raises(ConfigError, match=r"skip_conv_layers \[7\].*2 conv2d layers"):
+        steps.quantize_step(store, fetched, QuantizeConfig(enabled=True, skip_conv_layers=(7,)))
+    bad = tmp_path / "calib.npy"
+    np.save(bad, np.zeros((4, 3, 8, 8), "float32"))
+    with pytest.raises(ConfigError, match=r"calib.npy has shape \[4, 3, 8, 8\].*\(B, 3, 16, 16\)"):
+        steps.quantize_step(store, fetched, QuantizeConfig(enabled=True, calibrate_mode="max", calibration_data=bad))
+
+
+def test_calibrated_scales_follow_the_data(blocks):
+    mod, x = blocks
+    cfg = QuantizeConfig(calibrate_mode="max")
+    small = calibrate(mod, cfg, [x * 0.01])
+    large = calibrate(mod, cfg, [x * 10])
+    assert small and set(small) == set(large)
+    assert all(small[v] > large[v] for v in small)  # smaller activations -> finer scale
+    q, layers = quantize(mod, QuantizeParams(var_act_exp=large))
+    y_tvm, (y_emu, _) = build_run(q, x * 10), emulate.run(q, [x * 10])
+    assert np.array_equal(y_tvm, y_emu)
+
+
+@pytest.mark.parametrize("mode", ["global_scale", "max"])
+def test_int8_accuracy_of_a_trained_cnn_is_within_two_points_of_float(mode):
+    import torch
+
+    model, train, test = train_small_cnn()
+    x, labels = test
+    with torch.no_grad():
+        float_acc = float((model(torch.from_numpy(x)).numpy().argmax(1) == labels).mean())
+    mod = to_relax(model, x)
+    params = QuantizeParams()
+    if mode == "max":
+        params.var_act_exp = calibrate(mod, QuantizeConfig(calibrate_mode="max"),
+                                       [train[0][i:i + 512] for i in range(0, 2048, 512)])
+    q, _ = quantize(mod, params)
+    int8_acc = float((build_run(q, x).argmax(1) == labels).mean())
+    print(f"{mode}: float top-1 {float_acc:.3f}, int8 top-1 {int8_acc:.3f}")
+    assert 0.8 < float_acc < 1.0  # the task is learnt but not trivial
+    assert float_acc - int8_acc <= 0.02
