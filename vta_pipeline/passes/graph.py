@@ -92,13 +92,17 @@ def _tensor_args(call) -> list[Any]:
 def op_sequence(mod: tvm.IRModule) -> list[OpInfo]:
     seen: dict[str, int] = {}
     ops: list[OpInfo] = []
+    tuples: dict[Any, Any] = {}
     for b in main_bindings(mod):
+        if isinstance(b.value, relax.Tuple):
+            tuples[b.var] = b.value
         name = op_name(b.value)
         if name is None:
             continue
         k = seen.get(name, 0)
         seen[name] = k + 1
-        ins = [shape_of(a) for a in _tensor_args(b.value)]
+        args = [tuples.get(a, a) for a in b.value.args]
+        ins = [shape_of(a) for a in _tensor_args(relax.Call(b.value.op, args, b.value.attrs))]
         ops.append(OpInfo(len(ops), name, k, b.var, b.value, ins, shape_of(b.var)))
     return ops
 
@@ -108,10 +112,21 @@ class Rebuilder:
 
     def __init__(self) -> None:
         self.env: dict[Any, Any] = {}
+        self.tuples: dict[Any, Any] = {}  # tuple bindings (concat's operands), kept symbolic
         self.bb: relax.BlockBuilder | None = None
+
+    def fields_of(self, expr: Any) -> list[Any] | None:
+        """The old fields of a tuple argument, bound inline or to a variable."""
+        if isinstance(expr, relax.Tuple):
+            return list(expr.fields)
+        if isinstance(expr, relax.Var) and expr in self.tuples:
+            return list(self.tuples[expr].fields)
+        return None
 
     # the value an old expression has in the new function
     def lookup(self, expr: Any) -> Any:
+        if isinstance(expr, relax.Var) and expr in self.tuples:
+            return relax.Tuple([self.lookup(f) for f in self.tuples[expr].fields])
         if isinstance(expr, relax.Var):
             return self.env.get(expr, expr)
         if isinstance(expr, relax.Tuple):
@@ -147,6 +162,9 @@ class Rebuilder:
         with self.bb.function("main", list(func.params), attrs=attrs):
             with self.bb.dataflow():
                 for i, b in enumerate(bindings):
+                    if isinstance(b.value, relax.Tuple):
+                        self.tuples[b.var] = b.value
+                        continue
                     self.env[b.var] = self.rewrite(i, b)
                 gv = self.bb.emit_output(self.finish(func.body.body))
             self.bb.emit_func_output(gv)

@@ -212,7 +212,7 @@ class GraphPacker(Rebuilder):
         else:  # concat
             if int(a.axis) % 4 != 1:
                 raise self._fail(op, f"concat along axis {int(a.axis)}; only channel concats can be packed")
-            fields = [self._operand(f, op) for f in v.args[0].fields]
+            fields = [self._operand(f, op) for f in self.fields_of(v.args[0])]
             new = relax.op.concat(fields, axis=1)
         self.packed[var] = self.emit(new, name)
         self.packed_ops.append(op.describe())

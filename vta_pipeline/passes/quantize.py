@@ -79,6 +79,8 @@ def fold_batch_norm(mod: tvm.IRModule) -> tvm.IRModule:
         relax.transform.FoldConstant(),
         relax.transform.DecomposeOpsForInference(),
         relax.transform.FoldConstant(),
+        relax.transform.CanonicalizeBindings(),  # (x, mean, var)[0] left by decomposed BN -> x
+        relax.transform.DeadCodeElimination(),
     ])(mod)  # fmt: skip
 
 
@@ -86,14 +88,18 @@ def quantization_points(mod: tvm.IRModule) -> list[Any]:
     """The float activations that may be quantized: conv inputs and the operands of adds and
     concats (a float operand next to a quantized one is quantized); what calibration measures."""
     points: list[Any] = []
+    tuples: dict[Any, Any] = {}
     for b in main_bindings(mod):
+        if isinstance(b.value, relax.Tuple):
+            tuples[b.var] = b.value
         name = op_name(b.value)
         if name == "nn.conv2d":
             args = [b.value.args[0]]
         elif name == "add":
             args = list(b.value.args)
-        elif name == "concat" and isinstance(b.value.args[0], relax.Tuple):
-            args = list(b.value.args[0].fields)
+        elif name == "concat":
+            arg = b.value.args[0]
+            args = list(arg.fields) if isinstance(arg, relax.Tuple) else list(tuples.get(arg, relax.Tuple([])).fields)
         else:
             continue
         points.extend(a for a in args if isinstance(a, relax.Var) and a not in points)
@@ -214,8 +220,8 @@ class Quantizer(Rebuilder):
             base = qv.expr if qv.dtype == "int32" else relax.op.astype(qv.expr, "int32")
             new = relax.Call(v.op, [base], v.attrs, v.ty_args)
             return self._set(var, self.emit(new, name_hint), qv.exp)
-        if name == "concat" and isinstance(v.args[0], relax.Tuple):
-            fields = list(v.args[0].fields)
+        fields = self.fields_of(v.args[0]) if name == "concat" else None
+        if fields is not None:
             if any(isinstance(f, relax.Var) and f in self.q for f in fields) and all(
                 isinstance(f, relax.Var) for f in fields
             ):

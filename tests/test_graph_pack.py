@@ -1,0 +1,107 @@
+"""Graph pack: VTA's blocked layouts between start and stop, exact, with errors that name the op."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from int8_nets import Blocks, build_run, randomize, to_relax
+
+from vta_pipeline import emulate
+from vta_pipeline.passes.graph import op_sequence
+from vta_pipeline.passes.graph_pack import PackError, PackParams, graph_pack
+from vta_pipeline.passes.quantize import QuantizeParams, quantize
+from vta_pipeline.vta_config import VTAConfig
+
+
+@pytest.fixture(scope="module")
+def blocks():
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype("float32")
+    mod = to_relax(randomize(Blocks(), 0), x)
+    return mod, quantize(mod, QuantizeParams())[0], x
+
+
+def test_vta_config_defaults_and_file(tmp_path):
+    from vta_pipeline.errors import ConfigError
+
+    c = VTAConfig()
+    assert (c.BATCH, c.BLOCK_IN, c.BLOCK_OUT, c.INP_WIDTH, c.WGT_WIDTH, c.ACC_WIDTH) == (1, 16, 16, 8, 8, 32)
+    assert (c.UOP_BUFF_SIZE, c.INP_BUFF_SIZE, c.WGT_BUFF_SIZE, c.ACC_BUFF_SIZE) == (2**15, 2**15, 2**18, 2**17)
+    f = tmp_path / "vta_config.json"
+    f.write_text('{"TARGET": "sim", "HW_VER": "0.0.2", "LOG_INP_WIDTH": 3, "LOG_WGT_WIDTH": 3, "LOG_ACC_WIDTH": 5,'
+                 ' "LOG_BATCH": 0, "LOG_BLOCK": 5, "LOG_UOP_BUFF_SIZE": 15, "LOG_INP_BUFF_SIZE": 15,'
+                 ' "LOG_WGT_BUFF_SIZE": 18, "LOG_ACC_BUFF_SIZE": 17}')
+    assert VTAConfig.load(f).BLOCK_OUT == 32 and VTAConfig.load(f).TARGET == "sim"
+    f.write_text('{"LOG_BLOK": 4}')
+    with pytest.raises(ConfigError, match="LOG_BLOK"):
+        VTAConfig.load(f)
+
+
+def test_packed_int8_network_is_bit_identical_to_the_unpacked_one_and_the_emulation(blocks):
+    _, q, x = blocks
+    packed, rep = graph_pack(q, PackParams(stop_name="nn.relu", stop_name_idx=4))  # the last op
+    y_emu, _ = emulate.run(q, [x])
+    assert np.array_equal(build_run(packed, x), y_emu)
+    assert "nn.max_pool2d[0]" in rep.start and "nn.relu[4]" in rep.stop
+    packed_names = " ".join(rep.packed_ops)
+    for op in ("nn.conv2d", "add", "right_shift", "minimum", "maximum", "astype", "nn.avg_pool2d", "concat"):
+        assert op in packed_names, op
+
+
+def test_packed_layouts_are_vtas(blocks):
+    _, q, _ = blocks
+    packed, _ = graph_pack(q, PackParams(stop_name="nn.relu", stop_name_idx=4))
+    convs = [o for o in op_sequence(packed) if o.name == "nn.conv2d"]
+    regular = [c for c in convs if int(c.call.attrs.groups) == 1 and str(c.call.attrs.data_layout) != "NCHW"]
+    assert regular, "no packed conv"
+    for c in regular:
+        a = c.call.attrs
+        assert (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) == ("NCHW1n16c", "OIHW16o16i", "NCHW1n16c")
+        w = c.call.args[1].value.numpy()
+        assert w.ndim == 6 and w.shape[4:] == (16, 16) and w.dtype == np.int8
+        assert len(c.in_shapes[0]) == 6 and c.in_shapes[0][4:] == (1, 16)
+
+
+def test_start_and_stop_indices_pick_the_kth_occurrence(blocks):
+    mod, _, x = blocks
+    first, r1 = graph_pack(mod, PackParams(start_name="nn.relu", start_name_idx=0, stop_name="nn.relu",
+                                           stop_name_idx=3))
+    later, r2 = graph_pack(mod, PackParams(start_name="nn.relu", start_name_idx=1, stop_name="nn.relu",
+                                           stop_name_idx=3))
+    assert "nn.relu[0]" in r1.start and "nn.relu[1]" in r2.start and "nn.relu[3]" in r1.stop
+    assert len(r1.packed_ops) > len(r2.packed_ops) > 0
+    np.testing.assert_allclose(build_run(later, x), build_run(mod, x), rtol=1e-4, atol=1e-4)
+
+
+def test_bad_pack_points_fail_with_the_operator_and_its_index(blocks):
+    mod, _, _ = blocks
+    with pytest.raises(PackError, match=r"'nn.conv2d_transpose' is not in the network \(it has: .*nn.max_pool2d"):
+        graph_pack(mod, PackParams(start_name="nn.conv2d_transpose"))
+    with pytest.raises(PackError, match=r"start_name_idx 3: the network has only 1 occurrence"):
+        graph_pack(mod, PackParams(start_name_idx=3))
+    # cfactor 32 does not divide the 16-channel block: the first conv of the region is named
+    with pytest.raises(PackError, match=r"cannot pack #\d+ nn.conv2d\[1\] \(1x16x8x8, 16x16x3x3\).*cfactor=32"):
+        graph_pack(mod, PackParams(cfactor=32, stop_name="nn.relu", stop_name_idx=4))
+
+
+def test_an_operator_without_a_packed_form_stops_packing_before_tuning():
+    class Flat(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = torch.nn.Conv2d(16, 16, 3, padding=1)
+
+        def forward(self, x):
+            y = torch.nn.functional.max_pool2d(x, 2)
+            y = torch.relu(self.c(y))
+            return torch.relu(y.transpose(2, 3)).mean(dim=(2, 3), keepdim=True)
+
+    x = np.ones((1, 16, 8, 8), "float32")
+    with pytest.raises(PackError, match=r"cannot pack #\d+ permute_dims\[0\] \(1x16x4x4\) -> 1x16x4x4: permute_dims"):
+        graph_pack(to_relax(Flat(), x), PackParams())
+
+
+def test_fp32_networks_pack_too(blocks):
+    mod, _, x = blocks
+    packed, rep = graph_pack(mod, PackParams(stop_name="nn.relu", stop_name_idx=4))
+    assert rep.packed_ops
+    np.testing.assert_allclose(build_run(packed, x), build_run(mod, x), rtol=1e-4, atol=1e-4)
