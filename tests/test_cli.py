@@ -27,6 +27,10 @@ runner = CliRunner()
         (["run", "--tracker", "127.0.0.1:1"], "python -m tvm.exec.rpc_tracker"),
         (["tasks", "--model", "nope"], "unknown builtin model"),
         (["report", "--store", "/nonexistent-store"], "no finished runs"),
+        (["run", "--vta", "--global-scale", "6"], "global_scale must be a power of two"),
+        (["tasks", "--vta", "--skip-conv-layers", "a,b"], "--skip-conv-layers"),
+        (["tasks", "--vta-config", "/nonexistent/vta_config.json"], "vta_config.json does not exist"),
+        (["run", "--task-filter", "packd"], "tune.task_filter"),
     ],
 )
 def test_user_errors(args, needle, tmp_path):
