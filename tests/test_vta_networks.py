@@ -1,0 +1,86 @@
+"""The int8 VTA path on real networks: quantize + graph pack + task extraction, and the DAG.
+
+Slow: each imports a full-size network (random weights) and runs the numpy integer
+emulation of it. The full tune/build/evaluate runs of these networks are documented in
+the README (they take tens of minutes here); the DAG test below tunes tinynet --vta.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from vta_pipeline import steps
+from vta_pipeline.config import build_config
+from vta_pipeline.extract import load_tasks, select_tasks
+from vta_pipeline.store import ArtifactStore
+
+pytestmark = pytest.mark.slow
+
+# The packed conv2d workloads the VTA recipe printed for resnet18 (every conv but the first).
+RESNET18_VTA_WORKLOADS = {
+    (1, 56, 56, 64, 64, 3, 3, 1, 1, 1, 1), (1, 56, 56, 64, 128, 3, 3, 1, 1, 2, 2),
+    (1, 56, 56, 64, 128, 1, 1, 0, 0, 2, 2), (1, 28, 28, 128, 128, 3, 3, 1, 1, 1, 1),
+    (1, 28, 28, 128, 256, 3, 3, 1, 1, 2, 2), (1, 28, 28, 128, 256, 1, 1, 0, 0, 2, 2),
+    (1, 14, 14, 256, 256, 3, 3, 1, 1, 1, 1), (1, 14, 14, 256, 512, 3, 3, 1, 1, 2, 2),
+    (1, 14, 14, 256, 512, 1, 1, 0, 0, 2, 2), (1, 7, 7, 512, 512, 3, 3, 1, 1, 1, 1),
+}  # fmt: skip
+
+# Pack points: the recipe's defaults where they work. mobilenet_v2 has no max pool and its
+# 24-channel layers cannot be blocked by 16: packing starts after the 10th conv (24 -> 144).
+NETWORKS = {
+    "torchvision/resnet18": {},
+    "gluon/resnet18_v1": {},
+    "torchvision/mobilenet_v2": {"pack.start_name": "nn.conv2d", "pack.start_name_idx": 9},
+    "torchvision/inception_v3": {},
+}
+
+
+def _vta_cfg(store, source, name, extra):
+    return build_config(None, {"model.source": source, "model.name": name, "quantize.enabled": True,
+                               "pack.enabled": True, "store": str(store), **extra})  # fmt: skip
+
+
+@pytest.mark.parametrize("net", list(NETWORKS))
+def test_network_quantizes_packs_and_yields_packed_conv2d_tasks(net, tmp_path, host_target):
+    source, name = net.split("/")
+    store = ArtifactStore(tmp_path / "store")
+    cfg = _vta_cfg(store.root, source, name, NETWORKS[net])
+    packed = steps.prepare_model(store, cfg)
+    quantized = store.find("quantize")[0]
+    layers = json.loads((quantized.path / "layers.json").read_text())
+    assert not layers[0]["quantized"] and all(l["quantized"] for l in layers[1:])  # skip_conv_layers=[0]
+    vs_float = quantized.meta["vs_float"]
+    print(f"{net}: int8 (emulated) vs float: {vs_float}")
+    assert np.isfinite(vs_float["cosine"]) and vs_float["cosine"] > 0.5
+    assert packed.meta["packed_ops"] > 20
+    assert "packed_conv2d" in (packed.path / "packed.py").read_text() or "NCHW1n16c" in (packed.path / "packed.py").read_text()
+    tasks = select_tasks(load_tasks(steps.extract_step(store, packed, host_target).path), "auto")
+    assert tasks and all(t.op.startswith("packed_") for t in tasks)
+    workloads = {tuple(t.workload) for t in tasks}
+    if name == "resnet18":
+        assert workloads == RESNET18_VTA_WORKLOADS
+    assert all(w[3] % 16 == 0 and w[4] % 16 == 0 for w in workloads)
+
+
+def test_vta_dag_end_to_end_on_the_host_board(prefect_harness, board, tmp_path):
+    """tinynet through fetch -> quantize -> pack -> extract -> tune -> build -> evaluate; the
+    tuned int8 build on the board reproduces the integer emulation."""
+    from flows.tune_network import tune_network
+
+    store = ArtifactStore(tmp_path / "store")
+    cfg = build_config(None, {
+        "model.name": "tinynet", "quantize.enabled": True, "pack.enabled": True,
+        "board.tracker": board.tracker, "board.key": board.key, "tune.trials_per_task": 4,
+        "tune.trials_per_batch": 4, "measure.number": 2, "evaluate.repeat": 3, "store": str(store.root),
+    }).model_dump(mode="json")  # fmt: skip
+    result = tune_network(cfg)
+    assert [t["task"].startswith("fused_conv2d_packed") for t in result["tasks"]] == [True] * 3
+    assert result["tuned"]["correct"] and result["untuned"]["correct"]
+    assert result["tuned"]["max_abs_err"] < 1e-5  # the emulation, to float rounding of the dense tail
+    assert result["tuned"]["vs_float"]["cosine"] > 0.99
+    assert set(result["transforms"]) == {"quantize", "pack"}
+    computed = {e["step"] for e in store.events() if e["event"] == "computed"}
+    assert {"fetch", "quantize", "pack", "extract", "tune", "build", "evaluate"} <= computed
