@@ -31,6 +31,8 @@ def test_trials_are_measured_and_resume_continues_without_repeats(micronet, boar
     # Really measured on the board: latencies, not the old "0.00 GFLOPS" of failed builds.
     assert first.trials == 4 and first.valid == 4 and first.errors == 0
     assert first.best_latency_ms > 0 and first.best_gflops > 0
+    # the task's default lowering is measured once, on the same board, for pick_best to compare
+    assert first.default_ms > 0 and (work / "default.json").exists()
 
     # The budget goes up (as after an interrupted run): only the difference is tuned.
     second = tune_task(*args, TuneConfig(trials_per_task=8, trials_per_batch=4), MEASURE, work)
@@ -43,6 +45,7 @@ def test_trials_are_measured_and_resume_continues_without_repeats(micronet, boar
     # Finished at this budget: calling again measures nothing.
     third = tune_task(*args, TuneConfig(trials_per_task=8, trials_per_batch=4), MEASURE, work)
     assert third.trials_this_run == 0 and len(read_trials(work)) == 8
+    assert third.default_ms == first.default_ms
     assert read_state(work)["status"] == "finished"
     # best-so-far curve is monotone
     bests = [b for _, b in third.curve]
@@ -71,3 +74,25 @@ def test_tune_step_is_an_artifact_reused_for_the_same_budget(micronet, board, ho
     assert b.id == a.id
     events = [e for e in session_store.events() if e.get("step") == "tune" and e.get("key") == a.key]
     assert [e["event"] for e in events].count("computed") == 1
+
+
+def test_pick_best_keeps_the_default_lowering_when_tuning_did_not_beat_it(
+        micronet, board, host_target, session_store, tmp_path):
+    import shutil
+
+    from vta_pipeline.records import open_db, pick_best
+
+    _, extracted = micronet
+    a = steps.tune_step(session_store, extracted, _conv(extracted), host_target, _spec(board),
+                        TuneConfig(trials_per_task=4, trials_per_batch=4), MEASURE)
+    summary = json.loads(a.file("summary.json").read_text())
+    for default_ms, records, uses in ((summary["best_latency_ms"] * 2, 1, "tuned"),
+                                      (summary["best_latency_ms"] / 2, 0, "default")):
+        task_dir = tmp_path / f"task-{uses}"
+        shutil.copytree(a.path, task_dir)
+        (task_dir / "summary.json").write_text(json.dumps(dict(summary, default_ms=default_ms)))
+        out = tmp_path / f"best-{uses}"
+        out.mkdir()
+        meta = pick_best([task_dir], out)
+        assert meta["records"] == records and len(open_db(out).get_all_tuning_records()) == records
+        assert json.loads((out / "best.json").read_text())[0]["uses"] == uses

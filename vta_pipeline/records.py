@@ -3,6 +3,10 @@
 Each tuning task keeps its own MetaSchedule JSON database; the build reads one merged,
 pruned database. MetaSchedule's lookup ignores the target, so a merged database is only
 ever built from tasks of one target (the step key includes it).
+
+A task whose best tuned schedule is not faster than its default lowering (measured on the
+same board while tuning) contributes no record: the build then keeps the default for it,
+so tuning never makes a network slower than the untuned build.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 STEP = "pick_best"
-VERSION = 1
+VERSION = 2
 
 
 def open_db(path: Path):
@@ -28,12 +32,21 @@ def pick_best(tune_dirs: list[Path], out_dir: Path) -> dict[str, Any]:
     merged = ms.database.JSONDatabase(work_dir=str(out_dir))
     summary = []
     for d in tune_dirs:
-        src = open_db(d)
-        src.dump_pruned(merged)  # keeps the best valid record of each workload
-        summary.append(json.loads((Path(d) / "summary.json").read_text()))
+        s = json.loads((Path(d) / "summary.json").read_text())
+        s["uses"] = "default" if keeps_default(s) else "tuned"
+        if s["uses"] == "tuned":
+            open_db(d).dump_pruned(merged)  # keeps the best valid record of each workload
+        summary.append(s)
     (out_dir / "best.json").write_text(json.dumps(summary, indent=1))
     return {
         "tasks": len(summary),
         "records": len(merged.get_all_tuning_records()),
         "trials": sum(s["trials"] for s in summary),
+        "default_kept": [s["task"] for s in summary if s["uses"] == "default"],
     }
+
+
+def keeps_default(summary: dict[str, Any]) -> bool:
+    """True when the task's default lowering measured at least as fast as its best schedule."""
+    best, default = summary.get("best_latency_ms"), summary.get("default_ms")
+    return best is not None and default is not None and best >= default

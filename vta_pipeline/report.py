@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .records import keeps_default
 from .store import ArtifactStore, atomic_write_text
 
 
@@ -61,7 +62,8 @@ def latency_rows(result: dict[str, Any]) -> list[list[str]]:
 
 
 LATENCY_HEADER = ["build", "mean ms", "std ms", "median ms", "speed-up", "output correct"]
-TASK_HEADER = ["#", "task", "weight", "workload", "trials", "errors", "best ms", "GFLOPS", "stopped"]
+TASK_HEADER = ["#", "task", "weight", "workload", "trials", "errors", "best ms", "GFLOPS", "default ms", "build uses",
+               "stopped"]
 
 
 def task_rows(result: dict[str, Any]) -> list[list[str]]:
@@ -73,6 +75,8 @@ def task_rows(result: dict[str, Any]) -> list[list[str]]:
             str(t["trials"]), str(t["errors"]),
             f"{t['best_latency_ms']:.4f}" if t.get("best_latency_ms") else "-",
             f"{t['best_gflops']:.2f}" if t.get("best_gflops") else "-",
+            f"{t['default_ms']:.4f}" if t.get("default_ms") else "-",
+            "default" if keeps_default(t) else "tuned",
             t.get("stopped", ""),
         ])
     return rows

@@ -36,7 +36,7 @@ from .store import atomic_write_text
 log = logging.getLogger(__name__)
 
 STEP = "tune"
-VERSION = 1
+VERSION = 2
 FAILED = 1e10  # what MetaSchedule stores as the latency of a failed measurement
 
 
@@ -63,6 +63,7 @@ class TuneOutcome:
     flops: float
     stopped: str  # "budget", "early-stopping", "search-exhausted"
     curve: list[list[float]] = field(default_factory=list)  # [trial, best ms so far]
+    default_ms: float | None = None  # the untuned (default) lowering of the task, on the same board
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -262,6 +263,44 @@ def make_runner(board: BoardSpec, measure: MeasureConfig):
 WORKER_GRACE_S = 10  # a fresh runner worker imports TVM before it can start the session
 
 
+def measure_default(workload_mod, target, board: BoardSpec, measure: MeasureConfig,
+                    builder_timeout_s: float) -> tuple[float | None, str | None]:
+    """Seconds the task's default lowering (no schedule) takes on the board, or (None, why).
+
+    The build compiles every task without a record this way, so a tuned schedule is only
+    worth using when it beats this: with few trials, MetaSchedule's best sampled schedule
+    can be slower than LLVM's vectorized plain loops (seen on int8 packed convs).
+    """
+    from tvm.s_tir import meta_schedule as ms
+
+    from .ms_build import make_builder
+
+    (built,) = make_builder(builder_timeout_s, max_workers=1).build([ms.builder.BuilderInput(workload_mod, target)])
+    if built.error_msg:
+        return None, f"build: {built.error_msg.strip().splitlines()[-1]}"
+    args = ms.arg_info.ArgInfo.from_entry_func(workload_mod, remove_preproc=True)
+    runner = make_runner(BoardSpec(board.tracker_host, board.tracker_port, board.key, 1), measure)
+    device = {"llvm": "cpu", "c": "cpu"}.get(target.kind.name, target.kind.name)
+    (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, device, args)])
+    res = future.result()
+    if res.error_msg:
+        return None, f"run: {res.error_msg.strip().splitlines()[-1]}"
+    return _mean_secs(res.run_secs), None
+
+
+def _default_latency(work_dir: Path, task_name: str, workload_mod, target, board, measure, tune) -> float | None:
+    """measure_default once per work dir (kept in default.json: a resumed task reuses it)."""
+    p = work_dir / "default.json"
+    if p.exists():
+        return json.loads(p.read_text()).get("seconds")
+    secs, why = measure_default(workload_mod, target, board, measure, tune.builder_timeout_s)
+    if secs is None:
+        log.warning("task %s: could not measure its default lowering (%s); tuned records will be used", task_name, why)
+        return None  # not recorded: retried on the next run
+    atomic_write_text(p, json.dumps({"seconds": secs, "task": task_name}))
+    log.info("task %s: default lowering %.4f ms on the board", task_name, secs * 1e3)
+    return secs
+
 # ---- corrupted records ---------------------------------------------------------------------------
 def repair_database(work_dir: Path) -> list[str]:
     """Set aside lines of the task's database files that do not parse; keep the rest.
@@ -400,6 +439,7 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
     trials_before = len(read_trials(work_dir))
     stopped = state.get("stopped", "budget") if state.get("status") == "finished" else "budget"
     finished_at_budget = state.get("status") == "finished" and state.get("budget", 0) >= tune.trials_per_task
+    default_s = None
     for _round in range(MAX_ROUNDS):
         db = ms.database.JSONDatabase(work_dir=str(work_dir))
         lats, best0, since0 = _history(work_dir)
@@ -423,6 +463,8 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
                 f"Start one with `python -m tvm.exec.rpc_server --tracker {board.tracker_host}:{board.tracker_port} "
                 f"--key {board.key}` and rerun: tuning continues from the records"
             )
+        if default_s is None:
+            default_s = _default_latency(work_dir, task_name, workload_mod, target, board, measure, tune)
         done = len(lats)
         write_state(work_dir, status="tuning", task=task_name, budget=tune.trials_per_task, done=done, valid=valid)
         publish({"task": task_name, "trials": valid, "budget": tune.trials_per_task, "batch": []})
@@ -508,4 +550,13 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
         flops=flops,
         stopped=stopped,
         curve=curve,
+        default_ms=_read_default_ms(work_dir),
     )
+
+
+def _read_default_ms(work_dir: Path) -> float | None:
+    p = Path(work_dir) / "default.json"
+    if not p.exists():
+        return None
+    secs = json.loads(p.read_text()).get("seconds")
+    return secs * 1e3 if secs is not None else None
