@@ -63,6 +63,40 @@ def test_network_quantizes_packs_and_yields_packed_conv2d_tasks(net, tmp_path, h
     if name == "resnet18":
         assert workloads == RESNET18_VTA_WORKLOADS
     assert all(w[3] % 16 == 0 and w[4] % 16 == 0 for w in workloads)
+    if name == "resnet18":
+        _integer_region_is_bit_exact(quantized.path, packed.path)
+
+
+def _input_of_first(mod, name):
+    """The module cut just before the first `name` operator: it returns that op's input."""
+    from vta_pipeline.passes.graph import Rebuilder, op_sequence
+
+    target = next(o for o in op_sequence(mod) if o.name == name).call.args[0]
+
+    class Cut(Rebuilder):
+        def finish(self, out):
+            return self.lookup(target)
+
+    return Cut().run(mod), target
+
+
+def _integer_region_is_bit_exact(quantized_dir, packed_dir):
+    """Up to the global pool (the end of the quantized region) the compiled packed network
+    and the numpy emulation of the unpacked one agree bit for bit; after it, only the float
+    classifier's rounding differs."""
+    from int8_nets import build_run
+
+    from vta_pipeline import emulate
+    from vta_pipeline.importers import load_module, load_reference
+
+    x, _ = load_reference(quantized_dir)
+    packed_cut, _ = _input_of_first(load_module(packed_dir), "mean")
+    qmod = load_module(quantized_dir)
+    _, watched = emulate.run(qmod, [x], watch=[_input_of_first(qmod, "mean")[1]])
+    (expected,) = watched.values()
+    got = build_run(packed_cut, x)
+    assert got.shape == expected.shape and np.count_nonzero(expected) > expected.size // 10
+    assert np.array_equal(got, expected)
 
 
 def test_vta_dag_end_to_end_on_the_host_board(prefect_harness, board, tmp_path):
