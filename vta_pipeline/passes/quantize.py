@@ -28,6 +28,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..errors import ModelError
 from .graph import Rebuilder, const_value, dtype_of, main_bindings, op_name, shape_of
 
 
@@ -195,7 +196,14 @@ class Quantizer(Rebuilder):
             if c is not None:
                 qv = self.q[v.args[qi]]
                 base = qv.expr if qv.dtype == "int32" else relax.op.astype(qv.expr, "int32")
-                cq = relax.const(np.round(c.astype(np.float64) * 2.0**qv.exp).astype("int32"))
+                cq = np.round(c.astype(np.float64) * 2.0**qv.exp)
+                if np.abs(cq).max(initial=0) > 2**31 - 1:
+                    raise ModelError(
+                        f"quantize: the constant added at {var.name} does not fit int32 at scale 2^-{qv.exp} "
+                        f"(max |c| = {np.abs(c).max():.3g}); the activations before it are too small for the "
+                        "chosen scales: use a coarser calibration (--calibrate-mode global_scale or percentile)"
+                    )
+                cq = relax.const(cq.astype("int32"))
                 return self._set(var, self.emit(relax.op.add(base, cq), name_hint), qv.exp)
             if all(isinstance(a, relax.Var) for a in v.args):
                 (a, b), exp = self._unify(list(v.args))
