@@ -24,11 +24,13 @@ def tuned(micronet, board, host_target, session_store):
 def test_pick_best_build_and_evaluate_on_the_board(micronet, tuned, board, host_target, session_store):
     fetched, extracted = micronet
     best = steps.pick_best_step(session_store, tuned, host_target)
-    assert best.meta["records"] == len(tuned) == 2
+    # one record per task, except tasks whose default lowering measured faster than tuning
+    assert best.meta["records"] + len(best.meta["default_kept"]) == len(tuned) == 2
     lib_tuned = steps.build_step(session_store, extracted, best, host_target)
     lib_untuned = steps.build_step(session_store, extracted, None, host_target)
-    assert lib_tuned.meta["scheduled_functions"] >= 2 and lib_untuned.meta["scheduled_functions"] == 0
-    assert lib_tuned.id != lib_untuned.id
+    assert lib_tuned.meta["scheduled_functions"] >= best.meta["records"]
+    assert lib_untuned.meta["scheduled_functions"] == 0
+    assert (lib_tuned.id != lib_untuned.id) == (best.meta["records"] > 0)
     ev_cfg = EvalConfig(repeat=3)
     ev = steps.evaluate_step(session_store, lib_tuned, fetched, host_target, (board.host, board.port), board.key, ev_cfg)
     assert ev.meta["correct"] and ev.meta["cosine"] > 0.9999 and len(ev.meta["repeats"]) == 3

@@ -291,8 +291,6 @@ def measure_default(workload_mod, target, board: BoardSpec, measure: MeasureConf
 def _default_latency(work_dir: Path, task_name: str, workload_mod, target, board, measure, tune) -> float | None:
     """measure_default once per work dir (kept in default.json: a resumed task reuses it)."""
     p = work_dir / "default.json"
-    if p.exists():
-        return json.loads(p.read_text()).get("seconds")
     secs, why = measure_default(workload_mod, target, board, measure, tune.builder_timeout_s)
     if secs is None:
         log.warning("task %s: could not measure its default lowering (%s); tuned records will be used", task_name, why)
@@ -439,7 +437,6 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
     trials_before = len(read_trials(work_dir))
     stopped = state.get("stopped", "budget") if state.get("status") == "finished" else "budget"
     finished_at_budget = state.get("status") == "finished" and state.get("budget", 0) >= tune.trials_per_task
-    default_s = None
     for _round in range(MAX_ROUNDS):
         db = ms.database.JSONDatabase(work_dir=str(work_dir))
         lats, best0, since0 = _history(work_dir)
@@ -463,8 +460,6 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
                 f"Start one with `python -m tvm.exec.rpc_server --tracker {board.tracker_host}:{board.tracker_port} "
                 f"--key {board.key}` and rerun: tuning continues from the records"
             )
-        if default_s is None:
-            default_s = _default_latency(work_dir, task_name, workload_mod, target, board, measure, tune)
         done = len(lats)
         write_state(work_dir, status="tuning", task=task_name, budget=tune.trials_per_task, done=done, valid=valid)
         publish({"task": task_name, "trials": valid, "budget": tune.trials_per_task, "batch": []})
@@ -530,6 +525,10 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
         if guard.run_valid == 0:  # nothing new could be measured: do not spin
             stopped = "search-exhausted"
             break
+    # After the search, not before it: a board that dies or hangs is then already out of the
+    # tracker's rotation, and the trial log stays exactly what the search measured.
+    if not (work_dir / "default.json").exists() and _boards_left(board):
+        _default_latency(work_dir, task_name, workload_mod, target, board, measure, tune)
     lats, best, _ = _history(work_dir)
     write_state(work_dir, status="finished", task=task_name, budget=tune.trials_per_task, done=len(lats),
                 stopped=stopped)
@@ -552,6 +551,15 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
         curve=curve,
         default_ms=_read_default_ms(work_dir),
     )
+
+
+def _boards_left(board: BoardSpec) -> bool:
+    from .boards import count_servers
+
+    try:
+        return count_servers(board.tracker_host, board.tracker_port, board.key) > 0
+    except BoardError:
+        return False
 
 
 def _read_default_ms(work_dir: Path) -> float | None:
