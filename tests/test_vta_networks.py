@@ -30,11 +30,14 @@ RESNET18_VTA_WORKLOADS = {
 
 # Pack points: the recipe's defaults where they work. mobilenet_v2 has no max pool and its
 # 24-channel layers cannot be blocked by 16: packing starts after the 10th conv (24 -> 144).
+# With random weights global_scale=8 rounds mobilenet_v2's tiny activations (~1e-9) to zero
+# and saturates inception_v3's huge ones (~1e12): both are calibrated per activation.
 NETWORKS = {
     "torchvision/resnet18": {},
     "gluon/resnet18_v1": {},
-    "torchvision/mobilenet_v2": {"pack.start_name": "nn.conv2d", "pack.start_name_idx": 9},
-    "torchvision/inception_v3": {},
+    "torchvision/mobilenet_v2": {"pack.start_name": "nn.conv2d", "pack.start_name_idx": 9,
+                                 "quantize.calibrate_mode": "max"},
+    "torchvision/inception_v3": {"quantize.calibrate_mode": "max"},
 }
 
 
@@ -54,7 +57,7 @@ def test_network_quantizes_packs_and_yields_packed_conv2d_tasks(net, tmp_path, h
     assert not layers[0]["quantized"] and all(l["quantized"] for l in layers[1:])  # skip_conv_layers=[0]
     vs_float = quantized.meta["vs_float"]
     print(f"{net}: int8 (emulated) vs float: {vs_float}")
-    assert np.isfinite(vs_float["cosine"]) and vs_float["cosine"] > 0.5
+    assert vs_float["cosine"] > 0.999
     assert packed.meta["packed_ops"] > 20
     assert "packed_conv2d" in (packed.path / "packed.py").read_text() or "NCHW1n16c" in (packed.path / "packed.py").read_text()
     tasks = select_tasks(load_tasks(steps.extract_step(store, packed, host_target).path), "auto")
