@@ -4,7 +4,8 @@ Tuning records are looked up by the structure of each fused TIR function, so ext
 and build must lower the network identically; both go through `lower_for_tuning`.
 Batch norm is folded into the conv weights first (it matches OIHW kernels only, so it must
 run before any layout change), then the usual inference lowering: decompose, legalize,
-constant folding, operator fusion.
+constant folding, operator fusion. Packed convs (graph pack's VTA layouts) and integer avg
+pools are legalized by `passes.packed_ops`; everything else by Relax's defaults.
 """
 
 from __future__ import annotations
