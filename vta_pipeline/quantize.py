@@ -90,12 +90,12 @@ def quantize_model(model_dir: Path, cfg: QuantizeConfig, out_dir: Path, seed: in
 
     from . import emulate
     from .importers import load_module, load_reference
+    from .passes.graph import op_sequence
     from .passes.quantize import QuantizeParams, fold_batch_norm, quantize
 
     mod = fold_batch_norm(load_module(model_dir))
     x, y_float = load_reference(model_dir)
-    n_conv = sum(1 for b in mod["main"].body.blocks for bd in b.bindings
-                 if getattr(getattr(bd.value, "op", None), "name", "") == "relax.nn.conv2d")  # fmt: skip
+    n_conv = sum(o.name == "nn.conv2d" for o in op_sequence(mod))
     bad = [i for i in cfg.skip_conv_layers if not 0 <= i < n_conv]
     if bad:
         raise ConfigError(

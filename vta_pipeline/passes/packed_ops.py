@@ -40,15 +40,20 @@ def _is_packed(layout: str) -> bool:
     return bool(re.search(r"\d", layout))
 
 
-def conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str) -> te.Tensor:
-    """VTA's conv2d_packed: data (N/b, C/c, H, W, b, c), kernel (O/c, C/c, kh, kw, c, c)."""
+def _pad(data: te.Tensor, kh: int, kw: int, strides, padding):
+    """Zero-pad packed data on H and W; returns (padded, hs, ws, out_h, out_w)."""
     hs, ws = (int(s) for s in strides)
     pt, pl, pb, pr = (int(p) for p in padding)
+    h, w = (int(d) for d in data.shape[2:4])
+    pad = topi.nn.pad(data, [0, 0, pt, pl, 0, 0], [0, 0, pb, pr, 0, 0], name="pad_data") if any((pt, pl, pb, pr)) else data
+    return pad, hs, ws, (h + pt + pb - kh) // hs + 1, (w + pl + pr - kw) // ws + 1
+
+
+def conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str) -> te.Tensor:
+    """VTA's conv2d_packed: data (N/b, C/c, H, W, b, c), kernel (O/c, C/c, kh, kw, c, c)."""
     nb, cb, h, w, bn, bc = (int(d) for d in data.shape)
     ob, icb, kh, kw, bo, bi = (int(d) for d in kernel.shape)
-    pad = topi.nn.pad(data, [0, 0, pt, pl, 0, 0], [0, 0, pb, pr, 0, 0], name="pad_data") if any((pt, pl, pb, pr)) else data
-    oh = (h + pt + pb - kh) // hs + 1
-    ow = (w + pl + pr - kw) // ws + 1
+    pad, hs, ws, oh, ow = _pad(data, kh, kw, strides, padding)
     k_o = te.reduce_axis((0, icb), name="k_o")
     d_i = te.reduce_axis((0, kh), name="d_i")
     d_j = te.reduce_axis((0, kw), name="d_j")
@@ -67,13 +72,9 @@ def conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtyp
 
 def depthwise_conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str) -> te.Tensor:
     """Depthwise conv on packed data: kernel (C/c, 1, kh, kw, c)."""
-    hs, ws = (int(s) for s in strides)
-    pt, pl, pb, pr = (int(p) for p in padding)
     nb, cb, h, w, bn, bc = (int(d) for d in data.shape)
     kb, _, kh, kw, kc = (int(d) for d in kernel.shape)
-    pad = topi.nn.pad(data, [0, 0, pt, pl, 0, 0], [0, 0, pb, pr, 0, 0], name="pad_data") if any((pt, pl, pb, pr)) else data
-    oh = (h + pt + pb - kh) // hs + 1
-    ow = (w + pl + pr - kw) // ws + 1
+    pad, hs, ws, oh, ow = _pad(data, kh, kw, strides, padding)
     d_i = te.reduce_axis((0, kh), name="d_i")
     d_j = te.reduce_axis((0, kw), name="d_j")
     return te.compute(
