@@ -3,30 +3,50 @@ build -> upload + evaluate, untuned and tuned, then the result table.
 
 The int8 steps (quantize, graph pack) slot in between fetch and extract: each takes the
 previous network artifact's ref and returns a new one, which extract consumes.
+
+After the evaluation the run goes through the regression guard (tonight vs the model's best
+night; the better build stays current) and appends its measurements and evaluations to the
+store's Parquet history. What a person sees in the Prefect UI: one task run per tuning task
+named after the task, a progress artifact for the run's trials, the per-task table, and a
+markdown report with the tuning curves and the latency per night as pictures.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import time
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 from prefect import flow
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import (create_markdown_artifact, create_progress_artifact, create_table_artifact,
+                               update_progress_artifact)
+from prefect.futures import wait
 from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
+from prefect.states import Completed
 
 from tasks.common import results_dir, retry_settings
 from tasks.deploy import build, evaluate
+from tasks.history import record_history, regression_guard
 from tasks.model import extract_tasks, fetch_model, pack_model, quantize_model
 from tasks.tune import pick_best, tune_task
-from vta_pipeline import boards, report
+from vta_pipeline import boards, history, plots, report, tuning
 from vta_pipeline.config import PipelineConfig, parse_hostport
 from vta_pipeline.extract import load_tasks, select_tasks
 from vta_pipeline.importers import check_model
 from vta_pipeline.store import ArtifactStore, CachePolicy
 from vta_pipeline.targets import resolve_target
+
+# Prefect forwards the loggers named in PREFECT_LOGGING_EXTRA_LOGGERS to the run's logs (the
+# deployment names "vta_pipeline,tvm", the CLI "vta_pipeline"), but only records at or above
+# each logger's own level, which defaults to WARNING: make those loggers INFO.
+for _name in filter(None, (n.strip() for n in os.environ.get("PREFECT_LOGGING_EXTRA_LOGGERS", "").split(","))):
+    if logging.getLogger(_name).level in (logging.NOTSET, logging.WARNING):
+        logging.getLogger(_name).setLevel(logging.INFO)
 
 
 @flow(name="tune_network", log_prints=True)
@@ -85,17 +105,22 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
         in_flight = max(1, min(n_boards, len(tasks)))
         board = {"tracker_host": host, "tracker_port": port, "key": key,
                  "num_boards": max(1, n_boards // in_flight)}
-        futures, window = [], []
-        for t in tasks:
-            if len(window) >= in_flight:
-                window.pop(0).wait()
-            f = tune_task_.submit(
-                root, extracted, t.to_dict(), cfg.target, board,
-                cfg.tune.model_dump(mode="json"), cfg.measure.model_dump(mode="json"), cache,
-            )
-            futures.append(f)
-            window.append(f)
+        work_dirs = [tuning.task_work_dir(store.root / "work", f"{target.id}-{key}", t.workload_hash,
+                                          cfg.tune.session) for t in tasks]
+        trials = _TrialProgress(work_dirs, cfg.tune.trials_per_task, f"tuning trials of {cfg.model.name}")
+        futures, pending, running = [], list(tasks), []
+        while pending or running:
+            while pending and len(running) < in_flight:
+                f = tune_task_.submit(
+                    root, extracted, pending.pop(0).to_dict(), cfg.target, board,
+                    cfg.tune.model_dump(mode="json"), cfg.measure.model_dump(mode="json"), cache,
+                )
+                futures.append(f)
+                running.append(f)
+            running = list(wait(running, timeout=_POLL_S).not_done)
+            trials.update()
         tuned = [f.result() for f in futures]
+        trials.update(final=True)
         best = pick_best_(root, tuned, cfg.target, cache)
         if stop_after == "tune":
             return {"best": best}
@@ -121,11 +146,18 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
     run_id = str(flow_run.get_id() or f"local-{int(t0)}")
     result = report.make_result(run_id, cfg.model_dump(mode="json"), meta(fetched), task_results,
                                 meta(ev_untuned), meta(ev_tuned), time.time() - t0)
+    result.update(night=cfg.tune.session or history.night_of(t0), session=cfg.tune.session, target_id=target.id)
+    for label, ev, lib in (("untuned", ev_untuned, untuned_lib), ("tuned", ev_tuned, tuned_lib)):
+        result[label].update(evaluation_id=ev["artifact_id"], build_id=lib["artifact_id"])
     if model is not fetched:  # int8 / packed: what the transform steps did, and float agreement
         result["transforms"] = {ref["step"]: meta(ref) for ref in (quantized, packed) if ref is not None}
         result["tuned"]["vs_float"] = meta(ev_tuned).get("vs_float")
+    if result["tuned"]["correct"]:
+        result["guard"] = regression_guard(root, result, cfg.guard.max_regression_pct)
+    result["history"] = record_history(
+        root, result, [str(store.root / "steps" / "tune" / ref["key"]) for ref in tuned])
     report.save_result(store, result)
-    _publish(result)
+    _publish(result, store.root)
     logger.info("%s: untuned %.3f ms, tuned %.3f ms (%.2fx), output check %s; tables in the run's artifacts",
                 result["model"], result["untuned"]["mean_ms"], result["tuned"]["mean_ms"], result["speedup"],
                 "passed" if result["tuned"]["correct"] else "FAILED")
@@ -134,33 +166,45 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
             f"the tuned build's output differs from the reference (max abs error "
             f"{result['tuned']['max_abs_err']:.3e}); the build is kept in the store for inspection"
         )
+    if result["guard"]["regressed"]:
+        logger.warning(result["guard"]["message"])
+        return Completed(name="Regressed", message=result["guard"]["message"], data=result)
     return result
 
 
-def _float_line(result: dict[str, Any]) -> str:
-    vs = result["tuned"].get("vs_float")
-    if not vs:
-        return ""
-    top1 = f", top-1 agreement {vs['top1_agree']:.0%}" if "top1_agree" in vs else ""
-    return (f"\n\nint8 vs the float model: cosine {vs['cosine']:.5f}, max abs error "
-            f"{vs['max_abs_error']:.3e}{top1}")
+_POLL_S = 2.0
 
 
-def _publish(result: dict[str, Any]) -> None:
-    """Result tables as Prefect artifacts (visible in the UI's Artifacts tab)."""
+class _TrialProgress:
+    """The run's progress artifact: valid trials over all tuning tasks, read off their trial
+    logs in the store (so it also counts tasks that run in other processes, e.g. Dask workers)."""
+
+    def __init__(self, work_dirs: list[Path], budget: int, description: str):
+        self.work_dirs, self.budget = work_dirs, budget
+        self.total = max(1, budget * len(work_dirs))
+        self.id = create_progress_artifact(progress=0.0, key="tuning-progress", description=description)
+        self.last = -1.0
+
+    def update(self, final: bool = False) -> None:
+        done = 0
+        for d in self.work_dirs:
+            valid = sum(r.get("latency_ms") is not None for r in tuning.read_trials(d))
+            done += min(valid, self.budget)
+        pct = 100.0 if final else round(100.0 * done / self.total, 1)
+        if pct != self.last:
+            update_progress_artifact(self.id, pct)
+            self.last = pct
+
+
+def _publish(result: dict[str, Any], store_root: Path) -> None:
+    """Result tables and the report with its plots as Prefect artifacts (the UI's Artifacts
+    tab); the plots are also written next to the run's result in the store."""
     rows = [dict(zip(report.LATENCY_HEADER, r)) for r in report.latency_rows(result)]
     create_table_artifact(rows, key="latency", description=f"untuned vs tuned latency of {result['model']}")
     create_table_artifact(
-        [dict(zip(report.TASK_HEADER, r)) for r in report.task_rows(result)],
+        [dict(zip(report.RECIPE_HEADER, r)) for r in report.recipe_rows(result)],
         key="tuning-tasks",
-        description="per-task tuning results (best latency, GFLOPS, trials)",
+        description="per-task tuning results: best latency, GFLOPS, trials, best GFLOPS so far",
     )
-    create_markdown_artifact(
-        f"# {result['model']} on {result['board_key']}\n\n"
-        f"untuned {result['untuned']['mean_ms']:.3f} ms, tuned {result['tuned']['mean_ms']:.3f} ms "
-        f"(speed-up **{result['speedup']:.2f}x**); output check: "
-        f"{'passed' if result['tuned']['correct'] else 'FAILED'} "
-        f"(cosine {result['tuned']['cosine']:.6f}, max abs error {result['tuned']['max_abs_err']:.2e})"
-        + _float_line(result),
-        key="evaluation",
-    )
+    create_markdown_artifact(report.markdown(result, store_root), key="evaluation",
+                             description=f"{result['model']}: untuned vs tuned, output check, plots")

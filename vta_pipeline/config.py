@@ -65,6 +65,25 @@ class TuneConfig(_Strict):
     )
     builder_timeout_s: float = Field(120.0, gt=0, description="Per-candidate build timeout.")
     seed: int = Field(0, description="Search seed.")
+    session: str | None = Field(
+        None,
+        description="Tuning session (the nightly flow uses the night's date): each session tunes its own "
+        "budget in its own records; unset = one open-ended session per workload that a bigger budget continues.",
+    )
+    warm_start: int = Field(
+        32, ge=0,
+        description="Seed a task's first search of a session with up to this many best records of its workload "
+        "from earlier sessions (the Parquet history); 0 = cold start.",
+    )
+
+    @field_validator("session")
+    @classmethod
+    def _session(cls, v):
+        import re
+
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", v):
+            raise ValueError(f"session {v!r} must be a short name of letters, digits, '.', '_', '-' (e.g. 2026-11-21)")
+        return v
 
 
 class MeasureConfig(_Strict):
@@ -82,6 +101,16 @@ class EvalConfig(_Strict):
     repeat: int = Field(10, gt=0, description="Timed repeats (mean/std/median over these).")
     rtol: float = Field(1e-3, gt=0, description="Relative tolerance of the output check.")
     atol: float = Field(1e-3, gt=0, description="Absolute tolerance of the output check.")
+
+
+class GuardConfig(_Strict):
+    """The regression guard of nightly runs."""
+
+    max_regression_pct: float = Field(
+        10.0, ge=0,
+        description="A tuned latency more than this % slower than the model's best night is a regression: "
+        "the run says so and the best night's build stays current.",
+    )
 
 
 class QuantizeConfig(_Strict):
@@ -156,6 +185,7 @@ class PipelineConfig(_Strict):
     quantize: QuantizeConfig = QuantizeConfig()
     pack: PackConfig = PackConfig()
     vta: VTAConfig = VTAConfig()
+    guard: GuardConfig = GuardConfig()
     store: Path = Field(Path("vta-store"), description="Artifact store directory.")
 
 

@@ -103,3 +103,86 @@ def render(result: dict[str, Any]) -> str:
     console.print(tt)
     console.print(f"speed-up {result['speedup']:.2f}x, run took {result['seconds']:.0f} s")
     return console.export_text()
+
+
+# ---- the Prefect artifacts ------------------------------------------------------------------------
+RECIPE_HEADER = ["#", "task", "latency ms", "GFLOPS", "trials", "best-so-far GFLOPS", "default ms", "build uses",
+                 "warm start"]
+
+
+def _best_so_far(t: dict[str, Any], points: int = 4) -> str:
+    """Best GFLOPS so far at evenly spaced trials, like the recipe's `Current/Best` lines."""
+    curve = [(n, ms) for n, ms in t.get("curve") or [] if ms]
+    flops = t.get("flops") or 0.0
+    if not curve or not flops:
+        return "-"
+    picks = sorted({curve[min(len(curve) - 1, round(i * (len(curve) - 1) / (points - 1)))] for i in range(points)})
+    return " → ".join(f"{flops / (ms * 1e6):.1f}@{n}" for n, ms in picks)
+
+
+def recipe_rows(result: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for i, t in enumerate(result["tasks"]):
+        warm = "-"
+        if t.get("warm_start"):
+            reached = t.get("reached_previous_best_at")
+            warm = f"{t['warm_start']} records" + (f", previous best at trial {reached}" if reached else "")
+        rows.append([
+            str(i), t["task"],
+            f"{t['best_latency_ms']:.4f}" if t.get("best_latency_ms") else "-",
+            f"{t['best_gflops']:.2f}" if t.get("best_gflops") else "-",
+            str(t["trials"]), _best_so_far(t),
+            f"{t['default_ms']:.4f}" if t.get("default_ms") else "-",
+            "default" if keeps_default(t) else "tuned", warm,
+        ])
+    return rows
+
+
+def _float_line(result: dict[str, Any]) -> str:
+    vs = result["tuned"].get("vs_float")
+    if not vs:
+        return ""
+    top1 = f", top-1 agreement {vs['top1_agree']:.0%}" if "top1_agree" in vs else ""
+    return f"\n\nint8 vs the float model: cosine {vs['cosine']:.5f}, max abs error {vs['max_abs_error']:.3e}{top1}"
+
+
+def markdown(result: dict[str, Any], store_root: Path) -> str:
+    """The run's report: latency, output check, regression verdict, plots (embedded PNGs,
+    also written to `runs/<run-id>/` in the store)."""
+    from . import history, plots
+
+    out = Path(store_root) / "runs" / result["run_id"]
+    out.mkdir(parents=True, exist_ok=True)
+    curves = plots.tuning_curves(result["tasks"], f"{result['model']}: best GFLOPS so far per task")
+    (out / "tuning_curves.png").write_bytes(curves)
+    trend = history.trend(Path(store_root), result["model"], result["target"])
+    trend = [r for r in trend if r["board_key"] == result["board_key"]]
+    nights = plots.latency_per_night(trend, f"{result['model']} on {result['board_key']} ({result['target']})")
+    (out / "latency_per_night.png").write_bytes(nights)
+    u, t = result["untuned"], result["tuned"]
+    guard = result.get("guard") or {}
+    verdict = ""
+    if guard:
+        verdict = ("\n\n> **" + guard["message"] + "**") if guard.get("regressed") else f"\n\n{guard['message']}"
+    lines = [
+        f"# {result['model']} on {result['board_key']} ({result['target']}), night {result.get('night', '-')}",
+        "",
+        "| build | mean ms | median ms | std ms | output check |",
+        "|---|---|---|---|---|",
+        *(f"| {k} | {e['mean_ms']:.3f} | {e['median_ms']:.3f} | {e['std_ms']:.3f} | "
+          f"{'passed' if e['correct'] else 'FAILED'} (cosine {e['cosine']:.6f}, max abs error {e['max_abs_err']:.2e}) |"
+          for k, e in (("untuned", u), ("tuned", t))),
+        "",
+        f"Speed-up **{result['speedup']:.2f}x** over {len(result['tasks'])} tuning tasks, "
+        f"{sum(x['trials'] for x in result['tasks'])} trials, run took {result['seconds']:.0f} s."
+        + _float_line(result) + verdict,
+        "",
+        "## Tuning curves",
+        "",
+        f"![tuning curves]({plots.data_uri(curves)})",
+        "",
+        "## Latency per night",
+        "",
+        f"![latency per night]({plots.data_uri(nights)})",
+    ]
+    return "\n".join(lines)

@@ -17,6 +17,7 @@ from typing import Any, Callable
 from . import build as build_mod
 from . import evaluate as eval_mod
 from . import extract as extract_mod
+from . import history
 from . import importers
 from . import pack as pack_mod
 from . import quantize as quantize_mod
@@ -139,12 +140,17 @@ def tune_step(
     key), so a killed or re-budgeted run continues from them; the finished result (the
     task's database and summary) is a normal artifact keyed also by the budget."""
     key = tune_key(store, task, target, tune, measure, board.key)
-    work = tuning.task_work_dir(store.root / "work", f"{target.id}-{board.key}", task.workload_hash)
+    work = tuning.task_work_dir(store.root / "work", f"{target.id}-{board.key}", task.workload_hash, tune.session)
 
     def compute(out: Path) -> dict[str, Any]:
+        # Earlier sessions' best records of this workload (same target and board key) seed the
+        # search; their best latency is what this session is measured against.
+        seeds, previous_best = history.best_records(store.root, task.workload_hash, target.id, board.key,
+                                                    tune.warm_start, exclude_session=tune.session)
         outcome = tuning.tune_task(
             extracted.path / task.file, task.name, task.flops, task.workload_hash,
             dict(target.target_json), board, tune, measure, work, progress,
+            seeds=seeds if tune.warm_start else None, previous_best_ms=previous_best,
         )
         for name in ("database_workload.json", "database_tuning_record.json", "trials.jsonl"):
             if (work / name).exists():

@@ -8,8 +8,13 @@ the bookkeeping are ours:
   (`work/tune/<target-id>/<workload-hash>/`) holding MetaSchedule's JSON database (one line
   per measured candidate, appended after every measured batch) and our append-only
   `trials.jsonl` (one line per measurement: latency or error, board message, schedule
-  hash) and `state.json` (the task's explicit state). A killed run loses at most the batch
-  in flight.
+  hash, and the replayable MetaSchedule record of every valid one) and `state.json` (the
+  task's explicit state). A killed run loses at most the batch in flight.
+* A tuning session (`TuneConfig.session`, the night for the nightly flow) gets its own work
+  dir, so every night tunes its full budget; its first search is warm-started with the best
+  records of the same workload from earlier sessions (seeds, read from the history by the
+  caller): they enter the session's database unmeasured, the evolutionary search starts
+  from them, and the build can use them when tonight found nothing better.
 * A task asked for n trials that finds k already in its database measures n - k more.
   Raising the budget later continues from the same records.
 * `GuardedSearch` wraps MetaSchedule's search strategy: it drops candidates whose
@@ -64,6 +69,11 @@ class TuneOutcome:
     stopped: str  # "budget", "early-stopping", "search-exhausted"
     curve: list[list[float]] = field(default_factory=list)  # [trial, best ms so far]
     default_ms: float | None = None  # the untuned (default) lowering of the task, on the same board
+    session: str | None = None
+    session_best_ms: float | None = None  # best of this session's own measurements
+    warm_start: int = 0  # records seeded from earlier sessions
+    previous_best_ms: float | None = None  # best of the workload in earlier sessions (history)
+    reached_previous_best_at: int | None = None  # first trial of the session at or below previous_best_ms
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -191,14 +201,17 @@ def _make_guarded_search(inner, *, known_hashes: set[int], early_stopping: int |
 
 
 def _make_log_callback(work_dir: Path, task_name: str, progress: Callable[[dict[str, Any]], None] | None,
-                       start_index: int, budget: int):
+                       start_index: int, budget: int, workload, target, session: str | None):
     from tvm_ffi import structural_hash
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
     @derived_object
     class TrialLog(PyMeasureCallback):
-        """Appends every measurement (latency or error) to trials.jsonl and reports progress."""
+        """Appends every measurement (latency or error) to trials.jsonl and reports progress.
+
+        Valid measurements carry their MetaSchedule record (trace, run time, target, args) as
+        JSON: the history keeps it, and a later session replays it as a warm-start seed."""
 
         def __init__(self):
             self.index = start_index
@@ -210,10 +223,11 @@ def _make_log_callback(work_dir: Path, task_name: str, progress: Callable[[dict[
                 err = b.error_msg or r.error_msg
                 secs = _mean_secs(r.run_secs) if err is None else FAILED
                 rows.append({
-                    "trial": self.index, "t": round(now, 3), "task": task_name,
+                    "trial": self.index, "t": round(now, 3), "task": task_name, "session": session,
                     "latency_ms": None if secs >= FAILED else secs * 1e3,
                     "error": None if err is None else ("build: " if b.error_msg else "run: ") + str(err).strip()[-1000:],
                     "schedule_hash": f"{structural_hash(c.sch.mod) & 0xFFFFFFFFFFFFFFFF:016x}",
+                    "record": None if secs >= FAILED else _record_json(c, workload, r.run_secs, target),
                 })
                 self.index += 1
             _append_trials(work_dir, rows)
@@ -223,6 +237,40 @@ def _make_log_callback(work_dir: Path, task_name: str, progress: Callable[[dict[
                 progress(event)
 
     return TrialLog()
+
+
+def _record_json(candidate, workload, run_secs, target) -> Any:
+    from tvm.s_tir import meta_schedule as ms
+
+    try:
+        return ms.database.TuningRecord(candidate.sch.trace, workload, run_secs, target,
+                                        candidate.args_info).as_json()
+    except Exception:  # never lose the measurement over its record
+        log.debug("could not serialize a tuning record", exc_info=True)
+        return None
+
+
+def seed_database(db, workload_mod, seeds: list[Any]) -> int:
+    """Commit earlier sessions' records (TuningRecord JSON) of this workload into `db`.
+
+    Records that no longer replay (a TVM upgrade changed the schedule primitives) are
+    skipped: a warm start is an optimisation, never a reason to fail. Returns how many
+    records were seeded."""
+    from tvm.s_tir import Schedule
+    from tvm.s_tir import meta_schedule as ms
+
+    workload = db.commit_workload(workload_mod)
+    n = 0
+    for js in seeds:
+        try:
+            rec = ms.database.TuningRecord.from_json(js, workload)
+            rec.trace.apply_to_schedule(Schedule(workload_mod), remove_postproc=False)
+        except Exception as e:
+            log.info("warm start: skipped a record that does not replay (%s)", str(e).splitlines()[0][:200])
+            continue
+        db.commit_tuning_record(rec)
+        n += 1
+    return n
 
 
 # ---- the runner ----------------------------------------------------------------------------------
@@ -385,8 +433,8 @@ def _history(work_dir: Path) -> tuple[list[float], float, int]:
     return lats, best, since
 
 
-def task_work_dir(store_work: Path, target_id: str, workload_hash: str) -> Path:
-    d = Path(store_work) / "tune" / target_id / workload_hash
+def task_work_dir(store_work: Path, target_id: str, workload_hash: str, session: str | None = None) -> Path:
+    d = Path(store_work) / "tune" / target_id / (workload_hash if session is None else f"{workload_hash}@{session}")
     d.mkdir(parents=True, exist_ok=True)
     return d
 
@@ -402,6 +450,8 @@ def tune_task(
     measure: MeasureConfig,
     work_dir: Path,
     progress: Callable[[dict[str, Any]], None] | None = None,
+    seeds: list[Any] | None = None,
+    previous_best_ms: float | None = None,
 ) -> TuneOutcome:
     """Tune one task until it has `tune.trials_per_task` valid measurements (or stops early).
 
@@ -409,6 +459,10 @@ def tune_task(
     measurements (a board that died or hung) are logged as errors and do not count toward
     the budget; a run of `fail_fast` failures in a row raises TuningAborted (a BoardError,
     which the flow retries) with the boards' own messages, after keeping every record.
+
+    `seeds`: TuningRecord JSON of the workload's best records from earlier sessions, committed
+    to a fresh work dir before its first search (warm start). `previous_best_ms`: the best
+    latency of earlier sessions, to report how many trials this session needed to reach it.
     """
     from filelock import FileLock
 
@@ -416,14 +470,14 @@ def tune_task(
     work_dir.mkdir(parents=True, exist_ok=True)
     with FileLock(str(work_dir / "lock")):  # two runs never tune the same records at once
         return _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board, tune, measure,
-                            work_dir, progress)
+                            work_dir, progress, seeds or [], previous_best_ms)
 
 
 MAX_ROUNDS = 4  # rounds to make up for failed measurements before giving up on the budget
 
 
 def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board, tune, measure, work_dir,
-                 progress) -> TuneOutcome:
+                 progress, seeds, previous_best_ms) -> TuneOutcome:
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -435,6 +489,12 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
     workload_mod = tvm.ir.load_json(Path(task_file).read_text())
     state = read_state(work_dir)
     trials_before = len(read_trials(work_dir))
+    if seeds and not state and not (work_dir / "warm_start.json").exists():  # seed a fresh work dir once
+        seeded = seed_database(ms.database.JSONDatabase(work_dir=str(work_dir)), workload_mod, seeds)
+        atomic_write_text(work_dir / "warm_start.json",
+                          json.dumps({"seeded": seeded, "previous_best_ms": previous_best_ms}))
+        log.info("task %s: warm start with %d record(s) from earlier sessions (best %s ms)", task_name, seeded,
+                 f"{previous_best_ms:.4f}" if previous_best_ms else "-")
     stopped = state.get("stopped", "budget") if state.get("status") == "finished" else "budget"
     finished_at_budget = state.get("status") == "finished" and state.get("budget", 0) >= tune.trials_per_task
     for _round in range(MAX_ROUNDS):
@@ -490,7 +550,8 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
         from .ms_build import make_builder
 
         callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
-        callbacks.append(_make_log_callback(work_dir, task_name, progress, done, tune.trials_per_task))
+        callbacks.append(_make_log_callback(work_dir, task_name, progress, done, tune.trials_per_task,
+                                            ms.database.Workload(workload_mod), target, tune.session))
         ms.tune_tasks(
             tasks=[ctx],
             task_weights=[1.0],
@@ -529,14 +590,21 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
     # tracker's rotation, and the trial log stays exactly what the search measured.
     if not (work_dir / "default.json").exists() and _boards_left(board):
         _default_latency(work_dir, task_name, workload_mod, target, board, measure, tune)
-    lats, best, _ = _history(work_dir)
+    lats, session_best, _ = _history(work_dir)
     write_state(work_dir, status="finished", task=task_name, budget=tune.trials_per_task, done=len(lats),
                 stopped=stopped)
-    curve, b = [], FAILED
+    curve, b, reached = [], FAILED, None
     for i, v in enumerate(lats, 1):
         b = min(b, v)
         curve.append([i, b * 1e3 if b < FAILED else None])
+        if reached is None and previous_best_ms is not None and b * 1e3 <= previous_best_ms:
+            reached = i
     valid = sum(v < FAILED for v in lats)
+    warm = json.loads((work_dir / "warm_start.json").read_text()) if (work_dir / "warm_start.json").exists() else {}
+    seeded_best = warm.get("previous_best_ms") if warm.get("seeded") else None
+    # The session's database holds its seeds too, and the build takes its best record: report that.
+    best_ms = min([x for x in (session_best * 1e3 if session_best < FAILED else None, seeded_best) if x is not None],
+                  default=None)
     return TuneOutcome(
         task=task_name,
         workload_hash=workload_hash,
@@ -544,12 +612,17 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
         trials_this_run=len(lats) - trials_before,
         valid=valid,
         errors=len(lats) - valid,
-        best_latency_ms=best * 1e3 if best < FAILED else None,
-        best_gflops=(flops / best / 1e9) if best < FAILED and flops else None,
+        best_latency_ms=best_ms,
+        best_gflops=(flops / best_ms / 1e6) if best_ms and flops else None,
         flops=flops,
         stopped=stopped,
         curve=curve,
         default_ms=_read_default_ms(work_dir),
+        session=tune.session,
+        session_best_ms=session_best * 1e3 if session_best < FAILED else None,
+        warm_start=int(warm.get("seeded", 0)),
+        previous_best_ms=previous_best_ms,
+        reached_previous_best_at=reached,
     )
 
 

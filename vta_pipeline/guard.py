@@ -1,0 +1,104 @@
+"""The regression guard and the current build of each (model, target, board key).
+
+A nightly run that came out slower than the model's best night (noise, a changed board, a
+TVM upgrade, an unlucky search) must not replace a good build. After each run:
+
+* `check` compares tonight's tuned latency with the best correct tuned latency of earlier
+  runs in the history;
+* `promote` makes tonight's build the current one (`current/<model>--<target>--<key>.json`
+  plus a copy of its `model.so`) unless it regressed by more than the allowed percentage;
+  then the previous best build stays (or becomes) the current one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+
+from . import history
+from .store import ArtifactStore, atomic_write_text
+
+
+@dataclass
+class Verdict:
+    regressed: bool
+    tonight_ms: float
+    best_ms: float | None  # best earlier night (None: first run of this model/target/key)
+    best_night: str | None
+    best_build_id: str | None
+    worse_pct: float | None  # how much slower tonight is than the best night
+    max_regression_pct: float
+
+    @property
+    def message(self) -> str:
+        if self.best_ms is None:
+            return f"first recorded run: {self.tonight_ms:.3f} ms"
+        if self.regressed:
+            return (f"REGRESSION: tuned {self.tonight_ms:.3f} ms is {self.worse_pct:.1f}% slower than the best "
+                    f"night {self.best_night} ({self.best_ms:.3f} ms; allowed {self.max_regression_pct:g}%); "
+                    f"the build of {self.best_night} stays current")
+        return (f"tuned {self.tonight_ms:.3f} ms vs best night {self.best_night} {self.best_ms:.3f} ms "
+                f"({self.worse_pct:+.1f}%)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(asdict(self), message=self.message)
+
+
+def check(store_root: Path, result: dict[str, Any], max_regression_pct: float) -> Verdict:
+    """Tonight's tuned latency vs the best correct tuned latency of every earlier run."""
+    f = ((pc.field("model") == result["model"]) & (pc.field("target") == result["target"])
+         & (pc.field("board_key") == result["board_key"]) & (pc.field("build") == "tuned")
+         & (pc.field("correct") == True) & (pc.field("run_id") != result["run_id"]))  # noqa: E712
+    rows = history.read(store_root, history.EVALUATIONS, filter=f).to_pylist()
+    tonight = result["tuned"]["mean_ms"]
+    if not rows:
+        return Verdict(False, tonight, None, None, None, None, max_regression_pct)
+    best = min(rows, key=lambda r: r["mean_ms"])
+    worse = 100.0 * (tonight / best["mean_ms"] - 1.0)
+    return Verdict(worse > max_regression_pct, tonight, best["mean_ms"], best["night"], best["build_id"], worse,
+                   max_regression_pct)
+
+
+def slug(model: str, target: str, key: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", f"{model}--{target}--{key}")[:120]
+
+
+def current_path(store_root: Path, model: str, target: str, key: str) -> Path:
+    return Path(store_root) / "current" / f"{slug(model, target, key)}.json"
+
+
+def read_current(store_root: Path, model: str, target: str, key: str) -> dict[str, Any] | None:
+    p = current_path(store_root, model, target, key)
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def promote(store: ArtifactStore, result: dict[str, Any], verdict: Verdict) -> dict[str, Any]:
+    """Point `current/` at tonight's build, or at the best night's build if tonight regressed."""
+    model, target, key = result["model"], result["target"], result["board_key"]
+    if verdict.regressed:
+        build_id, night, ms = verdict.best_build_id, verdict.best_night, verdict.best_ms
+        why = "kept: tonight regressed"
+    else:
+        build_id, night, ms = result["tuned"]["build_id"], result["night"], result["tuned"]["mean_ms"]
+        why = "tonight's build"
+    art = next((a for a in store.find("build") if a.id == build_id), None)
+    now = read_current(store.root, model, target, key)
+    if art is None:  # the best build was garbage-collected: keep whatever is current
+        return now or {}
+    p = current_path(store.root, model, target, key)
+    lib = p.with_suffix(".so")
+    if now is None or now.get("build_id") != build_id:
+        tmp = lib.with_suffix(".so.tmp")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(art.file("model.so"), tmp)
+        tmp.replace(lib)
+    cur = {"model": model, "target": target, "board_key": key, "build_id": build_id, "night": night,
+           "tuned_ms": ms, "lib": str(lib), "artifact": str(art.path), "why": why, "run_id": result["run_id"]}
+    atomic_write_text(p, json.dumps(cur, indent=1))
+    return cur

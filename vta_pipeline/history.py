@@ -1,0 +1,275 @@
+"""The history: every measurement and every evaluation of every run, as Parquet.
+
+Two datasets in the store, partitioned by night (hive style, `night=2026-11-21/`), appended
+by each run and never rewritten:
+
+* `history/measurements/`: one row per tuning measurement (run, night, session, model,
+  target, board key, task, workload key, trial, schedule hash, the replayable MetaSchedule
+  record, latency, GFLOPS, error).
+* `history/evaluations/`: one row per evaluated build (untuned / tuned latency, output
+  check, tuning trials and time of the run).
+
+Appending is idempotent: a measurement is identified by (target, board key, workload,
+session, trial, time) and an evaluation by its evaluate artifact, so a flow retry or a
+cached rerun that reports the same tuning again adds nothing. Readers are the
+`vta-pipeline history` command, the warm start (best records per workload from earlier
+sessions) and the regression guard (best night of a model).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+from filelock import FileLock
+
+MEASUREMENTS = "measurements"
+EVALUATIONS = "evaluations"
+
+MEASUREMENT_SCHEMA = pa.schema([
+    ("measurement_id", pa.string()),
+    ("run_id", pa.string()),
+    ("night", pa.string()),
+    ("session", pa.string()),
+    ("model", pa.string()),
+    ("target", pa.string()),      # preset name or target JSON, as configured
+    ("target_id", pa.string()),   # the exact TVM target (+host): records only replay on the same one
+    ("board_key", pa.string()),
+    ("task", pa.string()),
+    ("workload_key", pa.string()),
+    ("trial", pa.int32()),
+    ("measured_at", pa.timestamp("ms", tz="UTC")),
+    ("schedule_hash", pa.string()),
+    ("record", pa.string()),      # MetaSchedule TuningRecord JSON (valid measurements)
+    ("latency_ms", pa.float64()),
+    ("gflops", pa.float64()),
+    ("error", pa.string()),
+])
+
+EVALUATION_SCHEMA = pa.schema([
+    ("evaluation_id", pa.string()),
+    ("run_id", pa.string()),
+    ("night", pa.string()),
+    ("model", pa.string()),
+    ("target", pa.string()),
+    ("target_id", pa.string()),
+    ("board_key", pa.string()),
+    ("build", pa.string()),       # untuned | tuned
+    ("build_id", pa.string()),    # the build artifact: what "keep the previous best build" points at
+    ("mean_ms", pa.float64()),
+    ("median_ms", pa.float64()),
+    ("std_ms", pa.float64()),
+    ("correct", pa.bool_()),
+    ("max_abs_err", pa.float64()),
+    ("trials", pa.int64()),
+    ("tuning_tasks", pa.int64()),
+    ("run_seconds", pa.float64()),
+    ("evaluated_at", pa.timestamp("ms", tz="UTC")),
+])
+
+
+def history_dir(store_root: Path) -> Path:
+    return Path(store_root) / "history"
+
+
+def _dataset(store_root: Path, name: str, schema: pa.Schema) -> ds.Dataset | None:
+    base = history_dir(store_root) / name
+    if not base.exists() or not any(base.rglob("*.parquet")):
+        return None
+    return ds.dataset(base, format="parquet", schema=schema,
+                      partitioning=ds.partitioning(pa.schema([("night", pa.string())]), flavor="hive"))
+
+
+def read(store_root: Path, name: str, filter: ds.Expression | None = None,
+         columns: list[str] | None = None) -> pa.Table:
+    """One history dataset as a table (empty, with the schema, when nothing was recorded)."""
+    schema = MEASUREMENT_SCHEMA if name == MEASUREMENTS else EVALUATION_SCHEMA
+    d = _dataset(store_root, name, schema)
+    if d is None:
+        t = schema.empty_table()
+        return t.select(columns) if columns else t
+    return d.to_table(filter=filter, columns=columns)
+
+
+def _append(store_root: Path, name: str, schema: pa.Schema, id_col: str, rows: list[dict[str, Any]]) -> int:
+    """Append rows whose id is not in the dataset yet; returns how many were written."""
+    if not rows:
+        return 0
+    base = history_dir(store_root) / name
+    base.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(history_dir(store_root) / f".{name}.lock")):
+        ids = {r[id_col] for r in rows}
+        have = read(store_root, name, filter=pc.field(id_col).isin(list(ids)), columns=[id_col])
+        known = set(have.column(id_col).to_pylist())
+        fresh = [r for r in rows if r[id_col] not in known]
+        if not fresh:
+            return 0
+        table = pa.Table.from_pylist(fresh, schema=schema)
+        ds.write_dataset(
+            table, base, format="parquet",
+            partitioning=ds.partitioning(pa.schema([("night", pa.string())]), flavor="hive"),
+            basename_template=f"part-{int(time.time())}-{uuid.uuid4().hex[:8]}-{{i}}.parquet",
+            existing_data_behavior="overwrite_or_ignore",
+        )
+        return len(fresh)
+
+
+# ---- writing a run ---------------------------------------------------------------------------------
+def night_of(t: float | None = None) -> str:
+    """The local calendar date of `t` (now): the default night of a run."""
+    return time.strftime("%Y-%m-%d", time.localtime(t))
+
+
+def _ts(seconds: float | None):
+    return None if seconds is None else int(seconds * 1000)
+
+
+def measurement_rows(run: dict[str, Any], tune_dir: Path) -> list[dict[str, Any]]:
+    """Rows for every measurement in one tune artifact's trial log."""
+    summary = json.loads((Path(tune_dir) / "summary.json").read_text())
+    log = Path(tune_dir) / "trials.jsonl"
+    flops = summary.get("flops") or 0.0
+    rows = []
+    for line in log.read_text().splitlines() if log.exists() else []:
+        try:
+            t = json.loads(line)
+        except ValueError:
+            continue
+        ident = json.dumps([run["target_id"], run["board_key"], summary["workload_hash"], t.get("session"),
+                            t["trial"], t.get("t")])
+        lat = t.get("latency_ms")
+        rows.append({
+            "measurement_id": hashlib.sha256(ident.encode()).hexdigest()[:32],
+            "run_id": run["run_id"], "night": run["night"], "session": t.get("session"),
+            "model": run["model"], "target": run["target"], "target_id": run["target_id"],
+            "board_key": run["board_key"], "task": summary["task"], "workload_key": summary["workload_hash"],
+            "trial": t["trial"], "measured_at": _ts(t.get("t")), "schedule_hash": t.get("schedule_hash"),
+            "record": json.dumps(t["record"]) if t.get("record") is not None else None,
+            "latency_ms": lat, "gflops": flops / lat / 1e6 if lat and flops else None, "error": t.get("error"),
+        })
+    return rows
+
+
+def evaluation_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for build in ("untuned", "tuned"):
+        e = result[build]
+        rows.append({
+            "evaluation_id": e.get("evaluation_id") or f"{result['run_id']}-{build}",
+            "run_id": result["run_id"], "night": result["night"], "model": result["model"],
+            "target": result["target"], "target_id": result.get("target_id"), "board_key": result["board_key"],
+            "build": build, "build_id": e.get("build_id"),
+            "mean_ms": e["mean_ms"], "median_ms": e.get("median_ms"), "std_ms": e.get("std_ms"),
+            "correct": bool(e.get("correct")), "max_abs_err": e.get("max_abs_err"),
+            "trials": sum(t.get("trials", 0) for t in result["tasks"]), "tuning_tasks": len(result["tasks"]),
+            "run_seconds": result.get("seconds"), "evaluated_at": _ts(result.get("finished")),
+        })
+    return rows
+
+
+def record_run(store_root: Path, result: dict[str, Any], tune_dirs: Iterable[Path]) -> dict[str, int]:
+    """Append a finished run's measurements and evaluations; returns the rows added."""
+    m = [row for d in tune_dirs for row in measurement_rows(result, d)]
+    return {
+        MEASUREMENTS: _append(store_root, MEASUREMENTS, MEASUREMENT_SCHEMA, "measurement_id", m),
+        EVALUATIONS: _append(store_root, EVALUATIONS, EVALUATION_SCHEMA, "evaluation_id", evaluation_rows(result)),
+    }
+
+
+# ---- questions -------------------------------------------------------------------------------------
+def _match(**eq: str | None) -> ds.Expression | None:
+    expr = None
+    for col, v in eq.items():
+        if v is None:
+            continue
+        e = pc.field(col) == v
+        expr = e if expr is None else expr & e
+    return expr
+
+
+def best_per_night(store_root: Path, model: str | None = None, target: str | None = None) -> list[dict[str, Any]]:
+    """Best correct tuned latency per (model, target, board key, night), oldest night first."""
+    f = _match(model=model, target=target, build="tuned")
+    f = (pc.field("correct") == True) if f is None else f & (pc.field("correct") == True)  # noqa: E712
+    t = read(store_root, EVALUATIONS, filter=f)
+    if t.num_rows == 0:
+        return []
+    g = t.group_by(["model", "target", "board_key", "night"]).aggregate(
+        [("mean_ms", "min"), ("run_id", "count_distinct"), ("trials", "max")])
+    rows = [{"model": r["model"], "target": r["target"], "board_key": r["board_key"], "night": r["night"],
+             "best_ms": r["mean_ms_min"], "runs": r["run_id_count_distinct"], "trials": r["trials_max"]}
+            for r in g.to_pylist()]
+    return sorted(rows, key=lambda r: (r["model"], r["target"], r["board_key"], r["night"]))
+
+
+def trend(store_root: Path, model: str, target: str | None = None) -> list[dict[str, Any]]:
+    """Night by night for one model: best untuned and tuned latency and the speed-up."""
+    t = read(store_root, EVALUATIONS, filter=_match(model=model, target=target))
+    by: dict[tuple, dict[str, Any]] = {}
+    for r in t.to_pylist():
+        k = (r["target"], r["board_key"], r["night"])
+        row = by.setdefault(k, {"target": k[0], "board_key": k[1], "night": k[2], "untuned_ms": None,
+                                "tuned_ms": None, "trials": 0})
+        col = f"{r['build']}_ms"
+        if r["build"] == "tuned" and not r["correct"]:
+            continue
+        if row[col] is None or r["mean_ms"] < row[col]:
+            row[col] = r["mean_ms"]
+        row["trials"] = max(row["trials"], r["trials"] or 0)
+    out = sorted(by.values(), key=lambda r: (r["target"], r["board_key"], r["night"]))
+    for r in out:
+        r["speedup"] = r["untuned_ms"] / r["tuned_ms"] if r["untuned_ms"] and r["tuned_ms"] else None
+    return out
+
+
+def best_per_workload(store_root: Path, target: str | None = None) -> list[dict[str, Any]]:
+    """The best valid measurement of every workload over all nights (task, latency, night)."""
+    f = pc.field("latency_ms").is_valid()
+    if target is not None:
+        f = f & (pc.field("target") == target)
+    t = read(store_root, MEASUREMENTS, filter=f,
+               columns=["target", "board_key", "workload_key", "task", "latency_ms", "gflops", "night", "model"])
+    if t.num_rows == 0:
+        return []
+    t = t.sort_by([("latency_ms", "ascending")])
+    counts = {(r["target"], r["board_key"], r["workload_key"]): r["latency_ms_count"]
+              for r in t.group_by(["target", "board_key", "workload_key"]).aggregate([("latency_ms", "count")]).to_pylist()}
+    best: dict[tuple, dict[str, Any]] = {}
+    for r in t.to_pylist():
+        k = (r["target"], r["board_key"], r["workload_key"])
+        if k not in best:
+            best[k] = dict(r, measurements=counts[k])
+    return sorted(best.values(), key=lambda r: (r["target"], r["board_key"], r["task"]))
+
+
+def best_records(store_root: Path, workload_key: str, target_id: str, board_key: str, k: int,
+                 exclude_session: str | None = None) -> tuple[list[Any], float | None]:
+    """Up to k best distinct records of a workload from earlier sessions, and their best latency.
+
+    Only records measured on the same TVM target and board key: a schedule's speed on
+    another board says little, and MetaSchedule's database ignores the target."""
+    f = (pc.field("workload_key") == workload_key) & (pc.field("target_id") == target_id) \
+        & (pc.field("board_key") == board_key) & pc.field("record").is_valid()
+    if exclude_session is not None:
+        f = f & (pc.field("session").is_null() | (pc.field("session") != exclude_session))
+    t = read(store_root, MEASUREMENTS, filter=f, columns=["session", "schedule_hash", "record", "latency_ms"])
+    if t.num_rows == 0:
+        return [], None
+    t = t.sort_by([("latency_ms", "ascending")])
+    out, seen, best = [], set(), None
+    for r in t.to_pylist():
+        if r["schedule_hash"] in seen:
+            continue
+        seen.add(r["schedule_hash"])
+        best = r["latency_ms"] if best is None else best
+        if len(out) < k:
+            out.append(json.loads(r["record"]))
+    return out, best
