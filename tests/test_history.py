@@ -1,0 +1,121 @@
+"""The Parquet history, warm starts from earlier sessions, and the regression guard's rules."""
+
+import json
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pytest
+
+from vta_pipeline import guard, history, steps
+from vta_pipeline.config import MeasureConfig, TuneConfig
+from vta_pipeline.extract import load_tasks
+from vta_pipeline.tuning import BoardSpec, read_trials
+
+MEASURE = MeasureConfig(number=2, repeat=1, timeout_s=60)
+
+
+def _run(run_id, night, store, tune_art, tuned_ms=1.0, untuned_ms=4.0, build_id="b", correct=True):
+    """A finished run's result around one real tune artifact (what the flow assembles)."""
+    summary = json.loads((tune_art.path / "summary.json").read_text())
+    ev = {"mean_ms": tuned_ms, "median_ms": tuned_ms, "std_ms": 0.01, "correct": correct, "max_abs_err": 0.0}
+    return {
+        "run_id": run_id, "night": night, "model": "micronet", "target": "host", "target_id": "t",
+        "board_key": "test", "seconds": 10.0, "finished": 1.7e9, "tasks": [summary],
+        "untuned": dict(ev, mean_ms=untuned_ms, evaluation_id=f"{run_id}-u", build_id=f"{build_id}-untuned"),
+        "tuned": dict(ev, evaluation_id=f"{run_id}-t", build_id=build_id),
+    }
+
+
+@pytest.fixture(scope="module")
+def two_sessions(micronet, board, host_target, session_store):
+    """One conv task tuned cold in session n1 (recorded in the history), then warm in n2 and
+    cold in n3 with the same budget."""
+    _, extracted = micronet
+    task = [t for t in load_tasks(extracted.path) if t.op == "conv2d"][0]
+    spec = BoardSpec(board.host, board.port, board.key, 2)
+
+    def tune(session, warm, trials=4):
+        cfg = TuneConfig(trials_per_task=trials, trials_per_batch=4, session=session, warm_start=warm)
+        return steps.tune_step(session_store, extracted, task, host_target, spec, cfg, MEASURE)
+
+    n1 = tune("n1", 32)
+    run = _run("run-n1", "2026-11-19", session_store, n1)
+    run["target_id"], run["board_key"] = host_target.id, board.key
+    added = history.record_run(session_store.root, run, [n1.path])
+    n2 = tune("n2", 32)
+    n3 = tune("n3", 0)
+    return task, n1, n2, n3, added
+
+
+def _summary(art):
+    return json.loads((art.path / "summary.json").read_text())
+
+
+def test_every_measurement_lands_in_a_night_partitioned_parquet_dataset(two_sessions, session_store):
+    task, n1, _, _, added = two_sessions
+    assert added == {"measurements": 4, "evaluations": 2}
+    base = history.history_dir(session_store.root) / history.MEASUREMENTS
+    assert [p.name for p in base.iterdir() if p.is_dir()] == ["night=2026-11-19"]
+    t = ds.dataset(base, format="parquet", partitioning="hive").to_table()
+    rows = t.to_pylist()
+    assert {r["task"] for r in rows} == {task.name} and {r["workload_key"] for r in rows} == {task.workload_hash}
+    assert sorted(r["trial"] for r in rows) == list(range(4))
+    assert all(r["latency_ms"] > 0 and r["gflops"] > 0 and r["record"] and r["error"] is None for r in rows)
+    assert len({r["schedule_hash"] for r in rows}) == 4
+
+
+def test_recording_the_same_run_twice_adds_nothing(two_sessions, session_store, host_target, board):
+    _, n1, _, _, _ = two_sessions
+    run = _run("run-n1-retry", "2026-11-19", session_store, n1)
+    run["target_id"], run["board_key"] = host_target.id, board.key
+    run["untuned"]["evaluation_id"], run["tuned"]["evaluation_id"] = "run-n1-u", "run-n1-t"  # same artifacts
+    assert history.record_run(session_store.root, run, [n1.path]) == {"measurements": 0, "evaluations": 0}
+
+
+def test_a_new_session_is_warm_started_from_the_best_records_of_earlier_ones(two_sessions):
+    _, n1, n2, n3, _ = two_sessions
+    s1, s2, s3 = _summary(n1), _summary(n2), _summary(n3)
+    # each session tunes its own full budget in its own records
+    assert s1["trials_this_run"] == s2["trials_this_run"] == s3["trials_this_run"] == 4
+    assert s1["warm_start"] == 0 and s1["previous_best_ms"] is None
+    # n2 starts from n1's four records; n3 (warm_start 0) does not, but knows the bar
+    assert s2["warm_start"] == 4 and s3["warm_start"] == 0
+    assert s2["previous_best_ms"] == pytest.approx(s1["best_latency_ms"]) == s3["previous_best_ms"]
+    # the seeds are in the session's database (the build can use them) but are not measured again
+    h1 = {r["schedule_hash"] for r in read_trials(n1.path)}
+    h2 = {r["schedule_hash"] for r in read_trials(n2.path)}
+    assert not h1 & h2
+    assert s2["best_latency_ms"] <= s1["best_latency_ms"] + 1e-9
+    assert s2["best_latency_ms"] == pytest.approx(min(s2["session_best_ms"], s1["best_latency_ms"]))
+    # the trial at which tonight's own measurements reached the previous best, if they did
+    for s in (s2, s3):
+        reached = s["reached_previous_best_at"]
+        assert reached is None or s["curve"][reached - 1][1] <= s["previous_best_ms"]
+
+
+def test_history_answers_best_per_night_trend_and_best_per_workload(tmp_path, two_sessions, session_store):
+    _, n1, n2, _, _ = two_sessions
+    root = tmp_path / "store"
+    history.record_run(root, _run("a", "2026-11-19", session_store, n1, tuned_ms=2.0, untuned_ms=8.0), [n1.path])
+    history.record_run(root, _run("b", "2026-11-20", session_store, n2, tuned_ms=1.5, untuned_ms=8.0), [n2.path])
+    history.record_run(root, _run("c", "2026-11-20", session_store, n2, tuned_ms=1.2, untuned_ms=8.0), [])
+    history.record_run(root, _run("d", "2026-11-21", session_store, n2, tuned_ms=0.5, correct=False), [])
+    nights = history.best_per_night(root, "micronet")
+    assert [(r["night"], r["best_ms"], r["runs"]) for r in nights] == [("2026-11-19", 2.0, 1), ("2026-11-20", 1.2, 2)]
+    trend = history.trend(root, "micronet")
+    assert [(r["night"], r["tuned_ms"]) for r in trend] == [("2026-11-19", 2.0), ("2026-11-20", 1.2), ("2026-11-21", None)]
+    assert trend[1]["speedup"] == pytest.approx(8.0 / 1.2)
+    (best,) = history.best_per_workload(root)
+    all_ms = [r["latency_ms"] for a in (n1, n2) for r in read_trials(a.path)]
+    assert best["latency_ms"] == min(all_ms) and best["measurements"] == 8
+
+
+def test_the_guard_keeps_the_best_nights_build_when_tonight_regresses(tmp_path, session_store, two_sessions):
+    _, n1, _, _, _ = two_sessions
+    root = tmp_path / "store"
+    history.record_run(root, _run("a", "2026-11-19", session_store, n1, tuned_ms=1.0, build_id="good"), [])
+    first = guard.check(root, _run("b", "2026-11-20", session_store, n1, tuned_ms=1.05), 10.0)
+    assert not first.regressed and first.best_night == "2026-11-19" and first.worse_pct == pytest.approx(5.0)
+    bad = guard.check(root, _run("c", "2026-11-21", session_store, n1, tuned_ms=1.5), 10.0)
+    assert bad.regressed and bad.best_build_id == "good" and "REGRESSION" in bad.message and "50.0%" in bad.message
+    assert not guard.check(tmp_path / "empty", _run("x", "2026-11-21", session_store, n1), 10.0).regressed

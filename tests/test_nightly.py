@@ -1,0 +1,110 @@
+"""The nightly flow: every pair runs, failures are reported, retries come from the cache;
+a regressed night says so and keeps the best night's build current."""
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from vta_pipeline import guard, history
+from vta_pipeline.errors import ConfigError
+from vta_pipeline.store import ArtifactStore
+
+pytestmark = pytest.mark.slow
+
+SMALL = {"tune": {"task_filter": "conv2d"}, "measure": {"number": 2}, "evaluate": {"repeat": 3}}
+
+
+def _flow_runs(name_prefix):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=name_prefix)))
+
+
+@pytest.fixture(scope="module")
+def night_a(prefect_harness, board, tmp_path_factory):
+    """The night 2026-11-20 of micronet and of a corrupt ONNX file, with one flow retry."""
+    from flows.nightly import nightly
+
+    tmp = tmp_path_factory.mktemp("nightly")
+    bad = tmp / "broken.onnx"
+    bad.write_bytes(b"this is not an ONNX model")
+    store = tmp / "store"
+    state = nightly.with_options(retries=1, retry_delay_seconds=0)(
+        models=["builtin:micronet", f"onnx:{bad}"], targets=["host"], trials_per_task=3, trials_per_batch=3,
+        tracker=board.tracker, key=board.key, store=str(store), night="2026-11-20", config=SMALL,
+        return_state=True,
+    )
+    return state, ArtifactStore(store)
+
+
+def test_a_failed_pair_is_reported_the_others_finish_and_the_retry_redoes_only_what_failed(night_a):
+    state, store = night_a
+    assert state.is_failed()
+    assert "1 of 2 pair(s) failed" in state.message and "broken-host-2026-11-20" in state.message
+    # micronet finished, in both attempts of the nightly run...
+    ok = _flow_runs("micronet-host-2026-11-20")
+    assert len(ok) == 2 and all(r.state.is_completed() for r in ok)
+    bad = _flow_runs("broken-host-2026-11-20")
+    assert len(bad) == 2 and all(r.state.is_failed() for r in bad)
+    # ...but its steps were computed once: the retry took them from the store's cache
+    computed = Counter(e["step"] for e in store.events() if e["event"] == "computed")
+    assert computed == {"fetch": 1, "extract": 1, "tune": 2, "pick_best": 1, "build": 2, "evaluate": 2}
+    # tonight's measurements and evaluations are in the history, once
+    (night,) = history.best_per_night(store.root, "micronet")
+    assert night["night"] == "2026-11-20" and night["runs"] == 2
+    assert len(history.read(store.root, history.MEASUREMENTS)) == 6  # 2 tasks x 3 trials, not doubled by the retry
+
+
+def test_a_regressed_night_says_so_and_keeps_the_best_nights_build(night_a, board):
+    from flows.tune_network import tune_network
+    from flows.nightly import pair_configs
+
+    _, store = night_a
+    first = json.loads(sorted((store.root / "runs").glob("*.json"))[0].read_text())
+    # The history remembers a (much) faster night whose build is night A's tuned build.
+    history.record_run(store.root, dict(first, run_id="legend", night="2026-11-19",
+                                        tuned=dict(first["tuned"], mean_ms=first["tuned"]["mean_ms"] / 100,
+                                                   evaluation_id="legend-t"),
+                                        untuned=dict(first["untuned"], evaluation_id="legend-u")), [])
+    (cfg,) = pair_configs(["micronet"], ["host"], {
+        "tune.trials_per_task": 3, "tune.trials_per_batch": 3, "tune.session": "2026-11-21",
+        "board.tracker": board.tracker, "board.key": board.key, "store": str(store.root)}, SMALL)
+    state = tune_network(cfg.model_dump(mode="json"), return_state=True)
+    assert state.is_completed() and state.name == "Regressed"
+    assert "REGRESSION" in state.message and "2026-11-19" in state.message
+    result = state.result()
+    cur = guard.read_current(store.root, "micronet", "host", board.key)
+    assert cur["build_id"] == first["tuned"]["build_id"] and cur["night"] == "2026-11-19"
+    assert Path(cur["lib"]).read_bytes() == (Path(cur["artifact"]) / "model.so").read_bytes()
+    # tonight started from night A's records and reports against them
+    assert all(t["warm_start"] == 3 and t["previous_best_ms"] for t in result["tasks"])
+    # the report: the verdict, and both plots, embedded and in the store
+    pngs = store.root / "runs" / result["run_id"]
+    for name in ("tuning_curves.png", "latency_per_night.png"):
+        assert (pngs / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+    by_key = {a.key: a for a in arts}
+    assert {"tuning-progress", "tuning-tasks", "latency", "evaluation"} <= set(by_key)
+    report = by_key["evaluation"].data
+    assert "REGRESSION" in report and report.count("data:image/png;base64,") == 2
+    assert by_key["tuning-progress"].data == 100.0
+
+
+def test_bad_pairs_fail_before_any_work_naming_the_pair():
+    from flows.nightly import pair_configs
+
+    with pytest.raises(ConfigError, match=r"pair \(builtin:nosuchnet, host\).*nosuchnet"):
+        pair_configs(["builtin:micronet", "builtin:nosuchnet"], ["host"], {}, None)
+    with pytest.raises(ConfigError, match=r"pair \(micronet, nosuchtarget\)"):
+        pair_configs(["micronet"], ["nosuchtarget"], {}, None)
+    with pytest.raises(ConfigError, match=r"tune.trials_per_task"):
+        pair_configs(["micronet"], ["host"], {"tune.trials_per_task": 0}, None)
