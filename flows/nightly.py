@@ -119,7 +119,7 @@ def nightly(
     rows, failed = [], []
     for cfg in cfgs:
         name = f"{cfg.model.name}-{cfg.target if len(cfg.target) < 24 else 'custom'}-{night}"
-        sub = with_task_runner(tune_network, dask_address).with_options(flow_run_name=name)
+        sub = with_task_runner(tune_network, dask_address, cfg).with_options(flow_run_name=name)
         state = sub(cfg.model_dump(mode="json"), cache=cache, return_state=True)
         row = {"pair": name, "model": cfg.model.name, "target": cfg.target, "state": state.name,
                "untuned ms": "-", "tuned ms": "-", "speed-up": "-", "guard": state.message or ""}

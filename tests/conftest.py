@@ -58,6 +58,29 @@ def prefect_harness(tmp_path_factory):
         yield
 
 
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory):
+    """A real `prefect server start` (API, both UIs, services) on a free 127.0.0.1 port; its
+    log is kept as test-outputs/prefect-server.log."""
+    from prefect_server import PrefectServer
+
+    server = PrefectServer(workdir=tmp_path_factory.mktemp("prefect-server"))
+    try:
+        with server:
+            yield server
+    finally:
+        server.save_log(OUTPUTS / "prefect-server.log")
+
+
+@pytest.fixture(scope="session")
+def deployed_nightly(prefect_server, board, tmp_path_factory):
+    """The nightly deployment, deployed and triggered by hand, run by a real worker (once)."""
+    from nightly_deployment import deploy_and_run
+
+    return deploy_and_run(prefect_server, board, tmp_path_factory.mktemp("nightly") / "store",
+                          OUTPUTS / "deployment")
+
+
 @pytest.fixture
 def store(tmp_path):
     return ArtifactStore(tmp_path / "store")

@@ -31,10 +31,14 @@ runner = CliRunner()
         (["tasks", "--vta", "--skip-conv-layers", "a,b"], "--skip-conv-layers"),
         (["tasks", "--vta-config", "/nonexistent/vta_config.json"], "vta_config.json does not exist"),
         (["run", "--task-filter", "packd"], "tune.task_filter"),
+        (["run", "--session", "../../etc"], "tune.session"),
+        (["run", "--warm-start", "-1"], "tune.warm_start"),
+        (["run", "--dask", "http://127.0.0.1:8786"], "tcp://HOST:PORT"),
+        (["history", "nights", "--store", "/nonexistent-store"], "no history in /nonexistent-store"),
     ],
 )
 def test_user_errors(args, needle, tmp_path):
-    if "--store" not in args and args[0] != "report":
+    if "--store" not in args and args[0] not in ("report", "history"):
         args = [*args, "--store", str(tmp_path / "s")]
     r = runner.invoke(app, args)
     assert r.exit_code == 2, r.output

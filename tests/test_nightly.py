@@ -53,9 +53,11 @@ def test_a_failed_pair_is_reported_the_others_finish_and_the_retry_redoes_only_w
     # ...but its steps were computed once: the retry took them from the store's cache
     computed = Counter(e["step"] for e in store.events() if e["event"] == "computed")
     assert computed == {"fetch": 1, "extract": 1, "tune": 2, "pick_best": 1, "build": 2, "evaluate": 2}
-    # tonight's measurements and evaluations are in the history, once
+    # tonight's measurements and evaluations are in the history, once: the retry's evaluation
+    # is the same (cached) evaluate artifact as the first attempt's
     (night,) = history.best_per_night(store.root, "micronet")
-    assert night["night"] == "2026-11-20" and night["runs"] == 2
+    assert night["night"] == "2026-11-20" and night["runs"] == 1
+    assert len(history.read(store.root, history.EVALUATIONS)) == 2
     assert len(history.read(store.root, history.MEASUREMENTS)) == 6  # 2 tasks x 3 trials, not doubled by the retry
 
 

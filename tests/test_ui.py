@@ -1,8 +1,8 @@
 """What a person sees in the Prefect UI after a tuning run, checked in a real browser.
 
-A real `prefect server start` on 127.0.0.1 (tests/prefect_server.py), the CLI's tuning run
-of micronet against it in a subprocess (as a user runs it, PREFECT_API_URL pointing at the
-server), and Debian's headless chromium driven by Playwright through both UIs that Prefect
+A real `prefect server start` on 127.0.0.1 (tests/prefect_server.py), the nightly
+deployment's run of micronet through a real worker (tests/nightly_deployment.py), and
+Debian's headless chromium driven by Playwright through both UIs that Prefect
 3.8 serves: V1 (Vue) at `/` and V2 (React) at `/v2` (the default for a new browser).
 
 Checked on the run's page: the Task Runs tab lists one task run per tuning task, named
@@ -19,14 +19,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import os
 import re
 import shutil
 import struct
-import subprocess
-import sys
-import time
 import zlib
 from pathlib import Path
 from uuid import UUID
@@ -38,7 +34,6 @@ from prefect_server import PrefectServer
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
 SHOTS = OUTPUTS / "ui"
 CHROMIUM = os.environ.get("VTA_PIPELINE_CHROMIUM", "/usr/bin/chromium")
 # Root in a container, no network: no sandbox, no GPU, nothing phoning home. (Playwright
@@ -84,46 +79,12 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory):
-    """A real Prefect server (API + both UIs + services) on a free 127.0.0.1 port; its log
-    is kept as test-outputs/ui/prefect-server.log."""
-    server = PrefectServer(workdir=tmp_path_factory.mktemp("prefect-server"))
-    try:
-        with server:
-            yield server
-    finally:
-        server.save_log(SHOTS / "prefect-server.log")
-
-
-@pytest.fixture(scope="module")
-def tuning_run(browser, prefect_server, tmp_path_factory):
-    """micronet tuned by the CLI against the server (2 trials per conv2d task, local board):
-    the run's result dict, as saved in the store, and its Prefect flow run. (It asks for
-    `browser` so that a machine without chromium skips before the expensive part.)"""
-    store = tmp_path_factory.mktemp("ui-store")
-    cmd = [sys.executable, "-m", "vta_pipeline.cli", "run", "--model", "micronet", "--source", "builtin",
-           "--trials-per-task", "2", "--trials-per-batch", "2", "--task-filter", "conv2d", "--number", "1",
-           "--eval-repeat", "2", "--store", str(store)]
-    env = prefect_server.env({"VTA_PIPELINE_BOARD_RETRIES": "0"})
-    t0 = time.monotonic()
-    done = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=1200)
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    (SHOTS / "tuning-run.log").write_text(done.stdout + done.stderr)
-    assert done.returncode == 0, (done.stdout[-3000:] + done.stderr[-3000:])
-    results = sorted((store / "runs").glob("*.json"))
-    assert len(results) == 1, results
-    result = json.loads(results[0].read_text())
-
-    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
-
-    with prefect_server.client() as client:  # the run reported itself to our server
-        runs = {str(r.id): r for r in client.read_flow_runs(
-            flow_filter=FlowFilter(name=FlowFilterName(any_=["tune_network"])))}
-    assert result["run_id"] in runs, (result["run_id"], list(runs))
-    flow_run = runs[result["run_id"]]
-    assert flow_run.state is not None and flow_run.state.is_completed(), flow_run.state
-    print(f"tuning run {result['run_id']} ({flow_run.name}) took {time.monotonic() - t0:.0f} s")
-    return result, flow_run
+def tuning_run(browser, deployed_nightly):
+    """micronet tuned by the nightly deployment through a real worker against the real server
+    (tests/nightly_deployment.py): the tune_network subflow's result dict, as saved in the
+    store, and its Prefect flow run. (It asks for `browser` first so that a machine without
+    chromium skips before the expensive part.)"""
+    return deployed_nightly.result, deployed_nightly.subflow
 
 
 # ---- helpers -------------------------------------------------------------------------------------

@@ -175,11 +175,17 @@ def evaluation_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def record_measurements(store_root: Path, run: dict[str, Any], tune_dirs: Iterable[Path]) -> int:
+    """Append the measurements of tune artifacts; `run` names them (run_id, night, model,
+    target, target_id, board_key). Returns the rows added."""
+    m = [row for d in tune_dirs for row in measurement_rows(run, d)]
+    return _append(store_root, MEASUREMENTS, MEASUREMENT_SCHEMA, "measurement_id", m)
+
+
 def record_run(store_root: Path, result: dict[str, Any], tune_dirs: Iterable[Path]) -> dict[str, int]:
     """Append a finished run's measurements and evaluations; returns the rows added."""
-    m = [row for d in tune_dirs for row in measurement_rows(result, d)]
     return {
-        MEASUREMENTS: _append(store_root, MEASUREMENTS, MEASUREMENT_SCHEMA, "measurement_id", m),
+        MEASUREMENTS: record_measurements(store_root, result, tune_dirs),
         EVALUATIONS: _append(store_root, EVALUATIONS, EVALUATION_SCHEMA, "evaluation_id", evaluation_rows(result)),
     }
 

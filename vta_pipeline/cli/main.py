@@ -149,6 +149,14 @@ def run(
     pack_stop_idx: PackStopIdxOpt = None,
     bfactor: BfactorOpt = None,
     cfactor: CfactorOpt = None,
+    session: Annotated[Optional[str], typer.Option(
+        help="Tuning session (e.g. tonight's date): a new session tunes a full budget of its own.")] = None,
+    warm_start: Annotated[Optional[int], typer.Option(
+        help="Seed each task with up to N best records of earlier sessions (0 = cold).")] = None,
+    max_regression_pct: Annotated[Optional[float], typer.Option(
+        help="Regression guard: tuned latency this % worse than the best night keeps the old build.")] = None,
+    dask: Annotated[Optional[str], typer.Option(
+        "--dask", help="Run the tuning tasks on this Dask scheduler (tcp://HOST:8786); store on shared storage.")] = None,
 ):
     """Tune a network end to end (the Prefect flow `tune_network`) and print the result."""
 
@@ -168,6 +176,7 @@ def run(
             "tune.cost_model": cost_model, "tune.search": search, "tune.early_stopping": early_stopping,
             "tune.task_filter": task_filter, "measure.number": number, "measure.repeat": repeat,
             "measure.timeout_s": timeout, "evaluate.repeat": eval_repeat, "store": store and str(store),
+            "tune.session": session, "tune.warm_start": warm_start, "guard.max_regression_pct": max_regression_pct,
             **_int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode,
                               calibration_data, pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx,
                               bfactor, cfactor),
@@ -179,13 +188,22 @@ def run(
 
             boards.tracker_summary(*cfg.board.address())
         _prefect_env()
+        from flows.runners import with_task_runner
         from flows.tune_network import tune_network
 
-        with _tuning_progress():
-            result = tune_network(cfg.model_dump(mode="json"), cache=cache)
+        flow = with_task_runner(tune_network, dask, cfg)  # a bad cluster fails here, before any work
+        if dask:  # progress events fire in the workers: the UI's progress artifact shows them
+            typer.echo(f"tuning tasks run on the Dask cluster {dask}; progress: the run's artifacts in the Prefect UI")
+            state = flow(cfg.model_dump(mode="json"), cache=cache, return_state=True)
+        else:
+            with _tuning_progress():
+                state = tune_network(cfg.model_dump(mode="json"), cache=cache, return_state=True)
+        result = state.result()
         from vta_pipeline.report import render
 
         typer.echo(render(result))
+        if state.name == "Regressed":
+            typer.secho(state.message, fg=typer.colors.YELLOW, bold=True)
 
     _guard(go)
 
