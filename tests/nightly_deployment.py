@@ -43,8 +43,8 @@ def prefect_cli(server, *args: str, timeout: float = 300) -> str:
 
 
 def deploy_and_run(server, board, store: Path, outputs: Path, timeout_s: float = 1200) -> DeployedNightly:
-    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterParentFlowRunId, LogFilter,
-                                                LogFilterFlowRunId)
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterDeploymentId,
+                                                FlowRunFilterParentFlowRunId, LogFilter, LogFilterFlowRunId)
 
     outputs.mkdir(parents=True, exist_ok=True)
     prefect_cli(server, "work-pool", "create", POOL, "--type", "process")
@@ -61,7 +61,7 @@ def deploy_and_run(server, board, store: Path, outputs: Path, timeout_s: float =
         with server.client() as client:
             dep = client.read_deployment_by_name("nightly/nightly")
             (run,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                parent_flow_run_id=FlowRunFilterParentFlowRunId(is_null_=True)))
+                deployment_id=FlowRunFilterDeploymentId(any_=[dep.id])))
             deadline = time.time() + timeout_s
             while not run.state.is_final():
                 if worker.poll() is not None:

@@ -13,7 +13,9 @@ def test_the_deployment_has_the_nightly_schedule_pool_and_working_directory(depl
     dep = deployed_nightly.deployment
     (sched,) = dep.schedules
     assert sched.active and sched.schedule.cron == "30 1 * * *" and sched.schedule.timezone == "Europe/Berlin"
-    assert dep.work_pool_name == POOL and dep.concurrency_limit == 1
+    assert dep.work_pool_name == POOL
+    limit = dep.global_concurrency_limit  # `concurrency_limit: 1` of prefect.yaml, as the server keeps it
+    assert (limit.limit if limit is not None else dep.concurrency_limit) == 1
     assert dep.parameters["trials_per_task"] == 64 and dep.parameters["models"][0] == "builtin:tinynet"
     (pull,) = dep.pull_steps
     assert pull["prefect.deployments.steps.set_working_directory"]["directory"] == str(REPO)
