@@ -78,7 +78,8 @@ def deploy_and_run(server, board, store: Path, outputs: Path, timeout_s: float =
         os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(timeout=60)
     if not run.state.is_completed() or len(subs) != 1:
-        raise AssertionError(f"nightly run ended {run.state.name}: {run.state.message}\n"
+        raise AssertionError(f"nightly run ended {run.state.name}: {run.state.message}; its subflows: "
+                             f"{[(r.name, r.state_name) for r in subs]}\n"
                              + (outputs / "worker.log").read_text()[-3000:])
     result = json.loads((store / "runs" / f"{subs[0].id}.json").read_text())
     (outputs / "subflow-logs.txt").write_text("\n".join(f"{r.name}: {r.message[:300]}" for r in logs))
