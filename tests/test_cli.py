@@ -33,7 +33,6 @@ runner = CliRunner()
         (["run", "--task-filter", "packd"], "tune.task_filter"),
         (["run", "--session", "../../etc"], "tune.session"),
         (["run", "--warm-start", "-1"], "tune.warm_start"),
-        (["run", "--dask", "http://127.0.0.1:8786"], "tcp://HOST:PORT"),
         (["history", "nights", "--store", "/nonexistent-store"], "no history in /nonexistent-store"),
     ],
 )
