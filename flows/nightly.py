@@ -75,9 +75,7 @@ def pair_configs(models: list[str | dict[str, Any]], targets: list[str], overrid
                     values["board.key"] = resolved.default_key
                 cfg = build_config(config, values, source=f"the nightly parameters, {where}")
                 check_model(cfg.model)
-            except ConfigError as e:
-                raise ConfigError(f"{where}: {e}") from None
-            except Exception as e:  # an unknown model or target: the library's own message
+            except Exception as e:  # bad values, an unknown model or target: the library's own message
                 raise ConfigError(f"{where}: {e}") from None
             out.append(cfg)
     return out

@@ -34,7 +34,7 @@ from tasks.deploy import build, evaluate
 from tasks.history import record_history, regression_guard
 from tasks.model import extract_tasks, fetch_model, pack_model, quantize_model
 from tasks.tune import pick_best, tune_task
-from vta_pipeline import boards, history, plots, report, tuning
+from vta_pipeline import boards, history, report, steps, tuning
 from vta_pipeline.config import PipelineConfig, parse_hostport
 from vta_pipeline.extract import load_tasks, select_tasks
 from vta_pipeline.importers import check_model
@@ -105,8 +105,7 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
         in_flight = max(1, min(n_boards, len(tasks)))
         board = {"tracker_host": host, "tracker_port": port, "key": key,
                  "num_boards": max(1, n_boards // in_flight)}
-        work_dirs = [tuning.task_work_dir(store.root / "work", f"{target.id}-{key}", t.workload_hash,
-                                          cfg.tune.session) for t in tasks]
+        work_dirs = [steps.tune_work_dir(store, t, target, key, cfg.tune.session) for t in tasks]
         trials = _TrialProgress(work_dirs, cfg.tune.trials_per_task, f"tuning trials of {cfg.model.name}")
         futures, pending, running = [], list(tasks), []
         while pending or running:

@@ -126,6 +126,12 @@ def tune_key(store: ArtifactStore, task: extract_mod.TaskInfo, target: ResolvedT
     )
 
 
+def tune_work_dir(store: ArtifactStore, task: extract_mod.TaskInfo, target: ResolvedTarget, board_key: str,
+                  session: str | None) -> Path:
+    """Where a task's records accumulate: per (target, board key, workload, session)."""
+    return tuning.task_work_dir(store.root / "work", f"{target.id}-{board_key}", task.workload_hash, session)
+
+
 def tune_step(
     store: ArtifactStore,
     extracted: Artifact,
@@ -140,7 +146,7 @@ def tune_step(
     key), so a killed or re-budgeted run continues from them; the finished result (the
     task's database and summary) is a normal artifact keyed also by the budget."""
     key = tune_key(store, task, target, tune, measure, board.key)
-    work = tuning.task_work_dir(store.root / "work", f"{target.id}-{board.key}", task.workload_hash, tune.session)
+    work = tune_work_dir(store, task, target, board.key, tune.session)
 
     def compute(out: Path) -> dict[str, Any]:
         # Earlier sessions' best records of this workload (same target and board key) seed the
