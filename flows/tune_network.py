@@ -60,7 +60,8 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
     logger = get_run_logger()
     t0 = time.time()
     cfg = PipelineConfig.model_validate(config)
-    target = resolve_target(cfg.target)  # bad target/model fail here, before any work
+    target = resolve_target(cfg.target)  # bad target/model/toolchain fail here, before any work
+    steps.check_target(cfg, target)
     check_model(cfg.model)
     store = ArtifactStore(cfg.store, CachePolicy(cache))
     root = str(store.root)
@@ -83,9 +84,15 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
         n_boards = boards.preflight(host, port, key)
         if cfg.board.max_boards:
             n_boards = min(n_boards, cfg.board.max_boards)
-        health_ms = boards.health_check(host, port, key, dict(target.target_json))
+        health_ms = boards.health_check(host, port, key, dict(target.target_json),
+                                        cross_compiler=target.cross_compiler)
         logger.info("tracker %s: %d board(s) under key %r; health check passed (%.4f ms)",
                     tracker, n_boards, key, health_ms)
+        if target.query_device:  # the board's own GPU limits, not a typical board's
+            params = boards.device_params(host, port, key, target.device)
+            target = target.with_device_params(params)
+            logger.info("%s limits read from a board under key %r: %s", target.device, key, params)
+        tspec = target.spec  # what every task resolves: the preset plus what was read off the board
 
         fetched = fetch_model_(root, cfg.model.model_dump(mode="json"), cache)
         model, quantized, packed = fetched, None, None
@@ -94,7 +101,7 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
         if cfg.pack.enabled:
             model = packed = pack_(root, model, cfg.pack.model_dump(mode="json"), cfg.vta.model_dump(mode="json"),
                                    cache)
-        extracted = extract_tasks_(root, model, cfg.target, cache)
+        extracted = extract_tasks_(root, model, tspec, cache)
         tasks = select_tasks(load_tasks(extracted["path"]), cfg.tune.task_filter)
         logger.info("%d tuning task(s): %s", len(tasks), ", ".join(t.name for t in tasks))
         if stop_after == "extract":
@@ -111,7 +118,7 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
         while pending or running:
             while pending and len(running) < in_flight:
                 f = tune_task_.submit(
-                    root, extracted, pending.pop(0).to_dict(), cfg.target, board,
+                    root, extracted, pending.pop(0).to_dict(), tspec, board,
                     cfg.tune.model_dump(mode="json"), cfg.measure.model_dump(mode="json"), cache,
                 )
                 futures.append(f)
@@ -120,17 +127,17 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
             trials.update()
         tuned = [f.result() for f in futures]
         trials.update(final=True)
-        best = pick_best_(root, tuned, cfg.target, cache)
+        best = pick_best_(root, tuned, tspec, cache)
         if stop_after == "tune":
             return {"best": best}
 
-        untuned_lib = build_(root, extracted, None, cfg.target, "untuned", cache)
-        tuned_lib = build_(root, extracted, best, cfg.target, "tuned", cache)
+        untuned_lib = build_(root, extracted, None, tspec, "untuned", cache)
+        tuned_lib = build_(root, extracted, best, tspec, "tuned", cache)
         if stop_after == "build":
             return {"untuned": untuned_lib, "tuned": tuned_lib}
         ev_cfg = cfg.evaluate.model_dump(mode="json")
-        ev_untuned = evaluate_(root, untuned_lib, model, cfg.target, tracker, key, ev_cfg, "untuned", cache)
-        ev_tuned = evaluate_(root, tuned_lib, model, cfg.target, tracker, key, ev_cfg, "tuned", cache)
+        ev_untuned = evaluate_(root, untuned_lib, model, tspec, tracker, key, ev_cfg, "untuned", cache)
+        ev_tuned = evaluate_(root, tuned_lib, model, tspec, tracker, key, ev_cfg, "tuned", cache)
 
     def meta(ref):
         return json.loads((store.root / "steps" / ref["step"] / ref["key"] / "manifest.json").read_text())["meta"]

@@ -205,7 +205,8 @@ def stop_from_state(state_file: Path) -> dict[str, Any] | None:
     return state
 
 
-def health_check(host: str, port: int, key: str, target_spec: dict[str, Any], timeout_s: float = 120.0) -> float:
+def health_check(host: str, port: int, key: str, target_spec: dict[str, Any], timeout_s: float = 120.0,
+                 cross_compiler: str | None = None) -> float:
     """Run a trivial kernel (y = x + 1) on a board under `key`; return its run time in ms.
 
     Catches, before a night of tuning, a board that is registered but cannot run what we
@@ -232,7 +233,12 @@ def health_check(host: str, port: int, key: str, target_spec: dict[str, Any], ti
             remote = rpc.connect_tracker(host, port).request(key, priority=1, session_timeout=int(timeout_s))
             with tempfile.TemporaryDirectory() as d:
                 path = f"{d}/vta_pipeline_health.so"
-                lib.export_library(path)
+                if cross_compiler:
+                    from tvm.support import cc
+
+                    lib.export_library(path, fcompile=cc.cross_compiler(cross_compiler))
+                else:
+                    lib.export_library(path)
                 remote.upload(path)
                 f = remote.load_module("vta_pipeline_health.so")
             dev = remote.cpu(0)
@@ -255,3 +261,42 @@ def health_check(host: str, port: int, key: str, target_spec: dict[str, Any], ti
     if not outcome.get("ok"):
         raise BoardError(f"health check: a board under {where} computed a wrong result for y = x + 1")
     return float(outcome["ms"])
+
+
+# What MetaSchedule's GPU search must obey, as the device reports it (tvm.runtime.Device).
+DEVICE_PARAMS = {
+    "max_threads_per_block": "max_threads_per_block",
+    "max_shared_memory_per_block": "max_shared_memory_per_block",
+    "thread_warp_size": "warp_size",
+}
+
+
+def device_params(host: str, port: int, key: str, device: str, timeout_s: float = 60.0) -> dict[str, int]:
+    """Read a GPU board's limits (threads per block, shared memory, warp size) over RPC, as
+    the Mali recipe did before tuning: the preset's numbers are only a typical board's."""
+    import threading
+
+    from tvm import rpc
+
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            remote = rpc.connect_tracker(host, port).request(key, priority=1, session_timeout=int(timeout_s))
+            dev = {"cuda": remote.cuda, "opencl": remote.cl}[device](0)
+            if not dev.exist:
+                outcome["error"] = f"the board has no {device} device (is its TVM runtime built with it?)"
+                return
+            outcome["params"] = {ours: int(getattr(dev, attr)) for ours, attr in DEVICE_PARAMS.items()}
+        except Exception as e:  # reported below with the key and the tracker
+            outcome["error"] = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    where = f"key {key!r} at the tracker {host}:{port}"
+    if t.is_alive():
+        raise BoardError(f"device query: a board under {where} did not answer within {timeout_s:.0f} s")
+    if "error" in outcome:
+        raise BoardError(f"device query: a board under {where}: {outcome['error']}")
+    return outcome["params"]

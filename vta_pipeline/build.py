@@ -4,6 +4,10 @@ The tuned build applies the merged database to the same lowered module the tasks
 extracted from (records are matched by the structure of each fused function), then
 compiles and exports one shared library for the target and host (cross-compiled when the
 preset names a cross compiler). The untuned build of the same module is the baseline.
+
+GPU kernels must bind their loops to blocks and threads; functions without a tuned record
+get DLight's default GPU schedules (the same rules Relax's GPU pipelines use), so an
+untuned or partly tuned network still builds.
 """
 
 from __future__ import annotations
@@ -14,6 +18,17 @@ from typing import Any
 STEP = "build"
 VERSION = 1
 LIB = "model.so"
+GPU_KINDS = ("cuda", "opencl", "vulkan", "metal", "rocm")
+
+
+def default_gpu_schedules(mod, target):
+    """DLight's GPU rules for every function MetaSchedule did not schedule."""
+    from tvm.s_tir import dlight as dl
+
+    with target:
+        return dl.ApplyDefaultSchedule(
+            dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback(),
+        )(mod)
 
 
 def build_network(
@@ -39,6 +54,8 @@ def build_network(
             1 for _, f in mod.functions.items()
             if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and "tirx.is_scheduled" in f.attrs
         )
+    if target.kind.name in GPU_KINDS:
+        mod = default_gpu_schedules(mod, target)
     ex = tvm.compile(mod, target=target, relax_pipeline="default")  # mod is already fused + scheduled
     lib = out_dir / LIB
     if cross_compiler:

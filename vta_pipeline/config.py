@@ -218,6 +218,7 @@ def build_config(file_values: dict[str, Any] | None, overrides: dict[str, Any], 
         for p in parents:
             node = node.setdefault(p, {})
         node[leaf] = value
+    _apply_preset_defaults(data)
     try:
         return PipelineConfig.model_validate(data)
     except ValidationError as e:
@@ -227,3 +228,21 @@ def build_config(file_values: dict[str, Any] | None, overrides: dict[str, Any], 
             lines.append(f"  {loc}: {err['msg']}" + (f" (got {err['input']!r})" if "input" in err else ""))
         where = f" in {source}" if source else ""
         raise ConfigError("invalid configuration" + where + ":\n" + "\n".join(lines)) from None
+
+
+def _apply_preset_defaults(data: dict[str, Any]) -> None:
+    """The target preset's board key and measurement defaults, for what was not given."""
+    from .targets import preset_defaults
+
+    spec = data.get("target", "host")
+    if not isinstance(spec, str):
+        return
+    try:
+        key, measure = preset_defaults(spec)
+    except ConfigError:
+        return  # resolve_target reports an unknown preset with the full list
+    if key is not None and isinstance(data.setdefault("board", {}), dict):
+        data["board"].setdefault("key", key)
+    if measure and isinstance(data.setdefault("measure", {}), dict):
+        for k, v in measure.items():
+            data["measure"].setdefault(k, v)

@@ -63,12 +63,16 @@ def _linear(expr, block, axis: int):
         return None
 
 
-CONV_BLOCKS = ("conv2d_nchw", "group_conv2d_nchw", "DepthwiseConv2d", "conv2d_packed", "depthwise_conv2d_packed")
+CONV_BLOCKS = ("conv2d_nchw", "group_conv2d_nchw", "DepthwiseConv2d", "conv2d_packed", "depthwise_conv2d_packed",
+               "conv2d_nhwc", "group_conv2d_nhwc", "depthwise_conv2d_nhwc")
 CONV_OPS = ("conv2d", "depthwise_conv2d", "group_conv2d", "packed_conv2d", "packed_depthwise_conv2d")
 
 
 def conv2d_workload(prim_mod) -> tuple[str, list[int]] | None:
-    """Find the conv block of a fused TIR function and read its workload, or None."""
+    """Find the conv block of a fused TIR function and read its workload, or None.
+
+    Layouts: NCHW (OIHW kernels), VTA-packed NCHWnc (OIHWoi) and NHWC (HWIO kernels, the
+    GPU presets)."""
     from tvm.s_tir import Schedule
 
     sch = Schedule(prim_mod)
@@ -76,16 +80,22 @@ def conv2d_workload(prim_mod) -> tuple[str, list[int]] | None:
     conv = next((b for n, b in blocks.items() if n.startswith(CONV_BLOCKS)), None)
     if conv is None:
         return None
-    packed = conv.name_hint.endswith("_packed")
+    name = conv.name_hint
+    packed = name.endswith("_packed")
+    nhwc = "nhwc" in name
+    h_ax, w_ax, c_ax = (1, 2, 3) if nhwc else (2, 3, 1)
     out = conv.writes[0].source
     oshape = [_int(d) for d in out.shape]
     # packed (VTA): out (N/b, O/c, OH, OW, b, c); data (N/b, C/c, H, W, b, c)
-    n, oc = (oshape[0] * oshape[4], oshape[1] * oshape[5]) if packed else (oshape[0], oshape[1])
+    if packed:
+        n, oc = oshape[0] * oshape[4], oshape[1] * oshape[5]
+    else:
+        n, oc = oshape[0], oshape[3 if nhwc else 1]
     data_region, kernel_region = conv.reads[0], conv.reads[1]
     kernel = kernel_region.source
-    kh, kw = (_int(d) for d in kernel.shape[2:4])
-    sh = (_linear(data_region.region[2].min, conv, 2) or (1, 0))[0]
-    sw = (_linear(data_region.region[3].min, conv, 3) or (1, 0))[0]
+    kh, kw = (_int(d) for d in (kernel.shape[0:2] if nhwc else kernel.shape[2:4]))
+    sh = (_linear(data_region.region[h_ax].min, conv, h_ax) or (1, 0))[0]
+    sw = (_linear(data_region.region[w_ax].min, conv, w_ax) or (1, 0))[0]
     pad_h = pad_w = 0
     src_shape = [_int(d) for d in data_region.source.shape]
     pad_block = blocks.get(data_region.source.name) or next(
@@ -94,23 +104,28 @@ def conv2d_workload(prim_mod) -> tuple[str, list[int]] | None:
     if pad_block is not None and pad_block.reads:
         src = pad_block.reads[0]
         src_shape = [_int(d) for d in src.source.shape]
-        ly, lx = _linear(src.region[2].min, pad_block, 2), _linear(src.region[3].min, pad_block, 3)
-        pad_h = -ly[1] if ly else (_int(data_region.source.shape[2]) - src_shape[2]) // 2
-        pad_w = -lx[1] if lx else (_int(data_region.source.shape[3]) - src_shape[3]) // 2
-    h, w = src_shape[2], src_shape[3]
-    c = src_shape[1] * src_shape[5] if packed else src_shape[1]
-    name = conv.name_hint
+        ly, lx = _linear(src.region[h_ax].min, pad_block, h_ax), _linear(src.region[w_ax].min, pad_block, w_ax)
+        pad_h = -ly[1] if ly else (_int(data_region.source.shape[h_ax]) - src_shape[h_ax]) // 2
+        pad_w = -lx[1] if lx else (_int(data_region.source.shape[w_ax]) - src_shape[w_ax]) // 2
+    h, w = src_shape[h_ax], src_shape[w_ax]
+    c = src_shape[1] * src_shape[5] if packed else src_shape[c_ax]
     if packed:
         op = "packed_conv2d" if name.startswith("conv2d") else "packed_depthwise_conv2d"
+    elif name.startswith("conv2d"):
+        op = "conv2d"
+    elif name.startswith(("Depthwise", "depthwise")):
+        op = "depthwise_conv2d"
     else:
-        op = "conv2d" if name.startswith("conv2d") else (
-            "depthwise_conv2d" if name.startswith("Depthwise") else "group_conv2d"
-        )
+        op = "group_conv2d"
     return op, [n, h, w, c, oc, kh, kw, pad_h, pad_w, sh, sw]
 
 
-def extract_tasks(imported_dir: Path, target_spec: dict[str, Any], out_dir: Path) -> dict[str, Any]:
-    """Lower the imported network and write its tuning tasks into out_dir."""
+def extract_tasks(imported_dir: Path, target_spec: dict[str, Any], out_dir: Path,
+                  layout: str = "NCHW") -> dict[str, Any]:
+    """Lower the imported network (convs in `layout`) and write its tuning tasks into out_dir.
+
+    `target_spec` is the full target JSON, host included: GPU tasks are extracted for the
+    device kind, and the lowered network is compiled later for both."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.analysis import estimate_tir_flops
@@ -120,7 +135,7 @@ def extract_tasks(imported_dir: Path, target_spec: dict[str, Any], out_dir: Path
     from .relax_pipeline import lower_for_tuning
 
     target = tvm.target.Target(target_spec)
-    lowered = lower_for_tuning(load_module(imported_dir))
+    lowered = lower_for_tuning(load_module(imported_dir), layout)
     (out_dir / "lowered.json").write_text(tvm.ir.save_json(lowered))
     extracted = ms.relax_integration.extract_tasks(lowered, target)
     (out_dir / "tasks").mkdir()

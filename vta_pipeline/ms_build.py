@@ -19,7 +19,24 @@ def fast_build(mod, target, _params):
     return tvm.driver.build(mod, target=target)
 
 
-def make_builder(timeout_sec: float, max_workers: int | None = None):
+def cross_export(cross_compiler: str, mod) -> str:
+    """Link a candidate into a shared library for the board with a cross compiler (the
+    stock export ships a tar that the board must link itself)."""
+    import os
+    import tempfile
+
+    from tvm.support import cc
+
+    path = os.path.join(tempfile.mkdtemp(), "tvm_tmp_mod.so")
+    mod.export_library(path, fcompile=cc.cross_compiler(cross_compiler))
+    return path
+
+
+def make_builder(timeout_sec: float, max_workers: int | None = None, cross_compiler: str | None = None):
+    import functools
+
     from tvm.s_tir import meta_schedule as ms
 
-    return ms.builder.LocalBuilder(f_build=fast_build, timeout_sec=timeout_sec, max_workers=max_workers)
+    f_export = functools.partial(cross_export, cross_compiler) if cross_compiler else None
+    return ms.builder.LocalBuilder(f_build=fast_build, f_export=f_export, timeout_sec=timeout_sec,
+                                   max_workers=max_workers)

@@ -6,6 +6,11 @@ Batch norm is folded into the conv weights first (it matches OIHW kernels only, 
 run before any layout change), then the usual inference lowering: decompose, legalize,
 constant folding, operator fusion. Packed convs (graph pack's VTA layouts) and integer avg
 pools are legalized by `passes.packed_ops`; everything else by Relax's defaults.
+
+GPU presets prefer NHWC activations (the layout the CUDA and Mali recipes tuned in): the
+convs are converted right after the batch-norm fold, with HWIO kernels, the form Relax's
+NHWC conv lowering takes; the transposes this adds at the network's edges fuse away or
+stay as small tasks of their own.
 """
 
 from __future__ import annotations
@@ -16,11 +21,22 @@ from tvm import relax
 from .passes.packed_ops import legalize_map
 
 
-def lower_for_tuning(mod: tvm.IRModule) -> tvm.IRModule:
+KERNEL_LAYOUT = {"NHWC": "HWIO"}
+
+
+def lower_for_tuning(mod: tvm.IRModule, layout: str = "NCHW") -> tvm.IRModule:
+    if layout not in ("NCHW", *KERNEL_LAYOUT):
+        raise ValueError(f"unsupported conv layout {layout!r}: NCHW or NHWC")
+    convert = (
+        [relax.transform.ConvertLayout({"relax.nn.conv2d": [layout, KERNEL_LAYOUT[layout]]}),
+         relax.transform.FoldConstant()]
+        if layout != "NCHW" else []
+    )
     seq = tvm.transform.Sequential(
         [
-            relax.transform.FoldBatchnormToConv2D(),
+            relax.transform.FoldBatchnormToConv2D(),  # before ConvertLayout: it matches OIHW kernels only
             relax.transform.FoldConstant(),
+            *convert,
             relax.transform.DecomposeOpsForInference(),
             relax.transform.FoldConstant(),
             relax.transform.LegalizeOps(customize_legalize_map=legalize_map()),

@@ -24,10 +24,22 @@ from . import quantize as quantize_mod
 from . import records as records_mod
 from . import tuning
 from .config import EvalConfig, MeasureConfig, ModelConfig, PackConfig, PipelineConfig, QuantizeConfig, TuneConfig
+from .errors import ConfigError
 from .vta_config import VTAConfig
 from .hashing import sha256_file
 from .store import Artifact, ArtifactStore
 from .targets import ResolvedTarget
+
+
+# ---- checks before any work ------------------------------------------------------------------
+def check_target(cfg: PipelineConfig, target: ResolvedTarget) -> None:
+    """What a run on `target` needs, checked before anything is computed."""
+    target.check_toolchain()
+    if cfg.pack.enabled and target.layout != "NCHW":
+        raise ConfigError(
+            f"graph pack (--vta) rewrites convs into VTA's blocked NCHW layout, but target {target.name!r} "
+            f"tunes in {target.layout}; run {target.name!r} without --vta (int8 packing is for CPU targets)"
+        )
 
 
 # ---- fetch ------------------------------------------------------------------------------------
@@ -105,7 +117,7 @@ def extract_step(store: ArtifactStore, fetched: Artifact, target: ResolvedTarget
     return store.produce(
         extract_mod.STEP,
         key,
-        lambda out: extract_mod.extract_tasks(fetched.path, dict(target.target_json), out),
+        lambda out: extract_mod.extract_tasks(fetched.path, target.full_json, out, target.layout),
         inputs={"model": fetched.id},
         config=target.to_dict(),
     )
@@ -155,8 +167,9 @@ def tune_step(
                                                     tune.warm_start, exclude_session=tune.session)
         outcome = tuning.tune_task(
             extracted.path / task.file, task.name, task.flops, task.workload_hash,
-            dict(target.target_json), board, tune, measure, work, progress,
+            target.full_json, board, tune, measure, work, progress,
             seeds=seeds if tune.warm_start else None, previous_best_ms=previous_best,
+            cross_compiler=target.cross_compiler,
         )
         for name in ("database_workload.json", "database_tuning_record.json", "trials.jsonl"):
             if (work / name).exists():
@@ -193,12 +206,13 @@ def build_key(store: ArtifactStore, extracted_id: str, best_id: str | None, targ
 
 
 def build_step(store: ArtifactStore, extracted: Artifact, best: Artifact | None, target: ResolvedTarget) -> Artifact:
+    target.check_toolchain()
     best_id = best.id if best else None
     key = build_key(store, extracted.id, best_id, target)
     return store.produce(
         build_mod.STEP, key,
         lambda out: build_mod.build_network(
-            extracted.path, dict(target.target_json), out, best.path if best else None, target.cross_compiler
+            extracted.path, target.full_json, out, best.path if best else None, target.cross_compiler
         ),
         inputs={"tasks": extracted.id, "best": best_id},
         config=target.to_dict(),

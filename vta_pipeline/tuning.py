@@ -312,7 +312,7 @@ WORKER_GRACE_S = 10  # a fresh runner worker imports TVM before it can start the
 
 
 def measure_default(workload_mod, target, board: BoardSpec, measure: MeasureConfig,
-                    builder_timeout_s: float) -> tuple[float | None, str | None]:
+                    builder_timeout_s: float, cross_compiler: str | None = None) -> tuple[float | None, str | None]:
     """Seconds the task's default lowering (no schedule) takes on the board, or (None, why).
 
     The build compiles every task without a record this way, so a tuned schedule is only
@@ -323,7 +323,8 @@ def measure_default(workload_mod, target, board: BoardSpec, measure: MeasureConf
 
     from .ms_build import make_builder
 
-    (built,) = make_builder(builder_timeout_s, max_workers=1).build([ms.builder.BuilderInput(workload_mod, target)])
+    builder = make_builder(builder_timeout_s, max_workers=1, cross_compiler=cross_compiler)
+    (built,) = builder.build([ms.builder.BuilderInput(workload_mod, target)])
     if built.error_msg:
         return None, f"build: {built.error_msg.strip().splitlines()[-1]}"
     args = ms.arg_info.ArgInfo.from_entry_func(workload_mod, remove_preproc=True)
@@ -336,10 +337,11 @@ def measure_default(workload_mod, target, board: BoardSpec, measure: MeasureConf
     return _mean_secs(res.run_secs), None
 
 
-def _default_latency(work_dir: Path, task_name: str, workload_mod, target, board, measure, tune) -> float | None:
+def _default_latency(work_dir: Path, task_name: str, workload_mod, target, board, measure, tune,
+                     cross_compiler: str | None = None) -> float | None:
     """measure_default once per work dir (kept in default.json: a resumed task reuses it)."""
     p = work_dir / "default.json"
-    secs, why = measure_default(workload_mod, target, board, measure, tune.builder_timeout_s)
+    secs, why = measure_default(workload_mod, target, board, measure, tune.builder_timeout_s, cross_compiler)
     if secs is None:
         log.warning("task %s: could not measure its default lowering (%s); tuned records will be used", task_name, why)
         return None  # not recorded: retried on the next run
@@ -452,6 +454,7 @@ def tune_task(
     progress: Callable[[dict[str, Any]], None] | None = None,
     seeds: list[Any] | None = None,
     previous_best_ms: float | None = None,
+    cross_compiler: str | None = None,
 ) -> TuneOutcome:
     """Tune one task until it has `tune.trials_per_task` valid measurements (or stops early).
 
@@ -463,6 +466,8 @@ def tune_task(
     `seeds`: TuningRecord JSON of the workload's best records from earlier sessions, committed
     to a fresh work dir before its first search (warm start). `previous_best_ms`: the best
     latency of earlier sessions, to report how many trials this session needed to reach it.
+    `cross_compiler`: links each candidate into a shared library for the board (ARM boards
+    need no compiler of their own then).
     """
     from filelock import FileLock
 
@@ -470,14 +475,14 @@ def tune_task(
     work_dir.mkdir(parents=True, exist_ok=True)
     with FileLock(str(work_dir / "lock")):  # two runs never tune the same records at once
         return _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board, tune, measure,
-                            work_dir, progress, seeds or [], previous_best_ms)
+                            work_dir, progress, seeds or [], previous_best_ms, cross_compiler)
 
 
 MAX_ROUNDS = 4  # rounds to make up for failed measurements before giving up on the budget
 
 
 def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board, tune, measure, work_dir,
-                 progress, seeds, previous_best_ms) -> TuneOutcome:
+                 progress, seeds, previous_best_ms, cross_compiler) -> TuneOutcome:
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -558,7 +563,7 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
             work_dir=str(work_dir),
             max_trials_global=remaining,
             num_trials_per_iter=min(tune.trials_per_batch, remaining),
-            builder=make_builder(tune.builder_timeout_s),
+            builder=make_builder(tune.builder_timeout_s, cross_compiler=cross_compiler),
             runner=make_runner(BoardSpec(board.tracker_host, board.tracker_port, board.key,
                                          min(board.num_boards, n_boards)), measure),
             database=db,
@@ -589,7 +594,7 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
     # After the search, not before it: a board that dies or hangs is then already out of the
     # tracker's rotation, and the trial log stays exactly what the search measured.
     if not (work_dir / "default.json").exists() and _boards_left(board):
-        _default_latency(work_dir, task_name, workload_mod, target, board, measure, tune)
+        _default_latency(work_dir, task_name, workload_mod, target, board, measure, tune, cross_compiler)
     lats, session_best, _ = _history(work_dir)
     write_state(work_dir, status="finished", task=task_name, budget=tune.trials_per_task, done=len(lats),
                 stopped=stopped)

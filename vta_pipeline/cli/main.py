@@ -6,6 +6,7 @@ and exit with status 2, without a traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -396,14 +397,74 @@ def models(source: Annotated[str, typer.Option(help="builtin | torchvision | glu
 
 
 @app.command()
-def targets():
-    """List the target presets."""
+def targets(as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False):
+    """List the target presets: TVM target and host JSON, RPC key, cross compiler, layout."""
     from vta_pipeline.targets import PRESETS
 
-    for name, make in sorted(PRESETS.items()):
-        p = make()
-        typer.echo(f"{p.name:<12} key={p.key:<8} {json.dumps(p.target)}  host={json.dumps(p.host)}  "
-                   f"cc={p.cross_compiler or 'native'}\n             {p.description}")
+    presets = [make(None) for make in PRESETS.values()]
+    if as_json:
+        typer.echo(json.dumps([{k: v for k, v in dataclasses.asdict(p).items()} for p in presets], indent=1))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="target presets (--target NAME; cuda:sm_XX picks the GPU architecture)", show_lines=True)
+    for h in ("preset", "key", "target", "host", "cross compiler", "layout", "measure"):
+        table.add_column(h, overflow="fold")
+    for p in presets:
+        cc = f"{p.cross_compiler} ({p.cross_package})" if p.cross_compiler else "native"
+        table.add_row(p.name, p.key, json.dumps(p.target), json.dumps(p.host) if p.host else "-", cc, p.layout,
+                      json.dumps(p.measure) if p.measure else "defaults")
+    Console(width=None if sys.stdout.isatty() else 220).print(table)
+
+
+@app.command("build")
+def build_cmd(
+    config: ConfigOpt = None,
+    model: ModelOpt = None,
+    source: SourceOpt = None,
+    onnx_path: OnnxOpt = None,
+    input_shape: ShapeOpt = None,
+    target: TargetOpt = None,
+    store: StoreOpt = None,
+    out: Annotated[Optional[Path], typer.Option(help="Copy the library here too.")] = None,
+    vta: VtaOpt = False,
+    vta_config: VtaConfigOpt = None,
+    quantize: QuantizeOpt = None,
+    calibrate_mode: CalibModeOpt = None,
+    pack: PackOpt = None,
+):
+    """Build the network untuned for a target, without a board (cross-compiled for the ARM
+    presets), cached in the store like a run's steps; prints the library's path. Tuned
+    builds come from `run`, which needs the boards."""
+
+    def go():
+        import shutil
+
+        from vta_pipeline import steps
+        from vta_pipeline.store import ArtifactStore
+        from vta_pipeline.targets import resolve_target
+
+        cfg = _config(config, {
+            **_model_overrides(model, source, onnx_path, input_shape), "target": target,
+            "store": store and str(store),
+            **_int8_overrides(vta, vta_config, quantize, None, None, calibrate_mode, None, pack,
+                              None, None, None, None, None, None),
+        })
+        tgt = resolve_target(cfg.target)
+        steps.check_target(cfg, tgt)
+        st = ArtifactStore(cfg.store)
+        extracted = steps.extract_step(st, steps.prepare_model(st, cfg), tgt)
+        built = steps.build_step(st, extracted, None, tgt)
+        lib = built.file("model.so")
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(lib, out)
+            lib = out
+        typer.echo(f"{cfg.model.name} for {tgt.name} ({json.dumps(tgt.full_json)}): {lib} "
+                   f"({lib.stat().st_size / 1e6:.1f} MB{', ' + tgt.cross_compiler if tgt.cross_compiler else ''})")
+
+    _guard(go)
 
 
 # ---- board ---------------------------------------------------------------------------------------
