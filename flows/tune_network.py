@@ -62,6 +62,7 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
     cfg = PipelineConfig.model_validate(config)
     target = resolve_target(cfg.target)  # bad target/model/toolchain fail here, before any work
     steps.check_target(cfg, target)
+    steps.check_local_board(cfg, target)
     check_model(cfg.model)
     store = ArtifactStore(cfg.store, CachePolicy(cache))
     root = str(store.root)

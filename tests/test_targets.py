@@ -113,3 +113,14 @@ def test_targets_command_lists_target_host_key_and_cross_compiler():
     table = CliRunner().invoke(app, ["targets"])
     assert table.exit_code == 0 and all(n in table.output for n in PRESETS)
     assert "aarch64-linux-gnu-g++" in table.output and "armv7a-linux-gnueabihf" in table.output
+
+
+def test_a_cross_target_needs_a_tracker_not_the_local_board():
+    from vta_pipeline import steps
+    from vta_pipeline.config import build_config
+
+    with pytest.raises(ConfigError, match="--tracker HOST:PORT.*'rk3399' boards"):
+        steps.check_local_board(build_config(None, {"target": "rk3399-cpu"}), resolve_target("rk3399-cpu"))
+    steps.check_local_board(build_config(None, {"target": "rk3399-cpu", "board.tracker": "lab:9190"}),
+                            resolve_target("rk3399-cpu"))
+    steps.check_local_board(build_config(None, {"target": "cuda"}), resolve_target("cuda"))  # a GPU machine's own

@@ -42,6 +42,16 @@ def check_target(cfg: PipelineConfig, target: ResolvedTarget) -> None:
         )
 
 
+def check_local_board(cfg: PipelineConfig, target: ResolvedTarget) -> None:
+    """A local board runs on this machine: it cannot run code cross-compiled for another CPU."""
+    if cfg.board.tracker is None and target.cross_compiler:
+        raise ConfigError(
+            f"target {target.name!r} builds for another CPU ({target.full_json.get('mtriple', target.kind)}), "
+            f"which the local board on this machine cannot run: pass --tracker HOST:PORT of the tracker your "
+            f"{target.default_key!r} boards register with, or build without a board with `vta-pipeline build`"
+        )
+
+
 # ---- fetch ------------------------------------------------------------------------------------
 def fetch_key(store: ArtifactStore, model: ModelConfig) -> str:
     inputs = {}

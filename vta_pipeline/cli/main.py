@@ -182,7 +182,11 @@ def run(
                               calibration_data, pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx,
                               bfactor, cfactor),
         })
-        resolve_target(cfg.target)
+        from vta_pipeline import steps
+
+        tgt = resolve_target(cfg.target)
+        steps.check_target(cfg, tgt)  # toolchain, layout: before Prefect starts
+        steps.check_local_board(cfg, tgt)
         check_model(cfg.model)
         if cfg.board.tracker:  # a remote tracker: fail now, before Prefect starts, if it is down
             from vta_pipeline import boards
