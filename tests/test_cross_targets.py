@@ -88,11 +88,12 @@ def test_task_extraction_reads_the_same_conv_workloads_for_every_preset(store, h
     fetched = steps.fetch_step(store, ModelConfig(source="builtin", name="tinynet"))
     ref = sorted(tuple(t.workload) for t in load_tasks(steps.extract_step(store, fetched, host_target).path)
                  if t.op in ("conv2d", "depthwise_conv2d"))
-    tasks = load_tasks(steps.extract_step(store, fetched, resolve_target(target)).path)
+    tgt = resolve_target(target)
+    extracted = steps.extract_step(store, fetched, tgt)
+    tasks = load_tasks(extracted.path)
     got = sorted(tuple(t.workload) for t in tasks if t.op in ("conv2d", "depthwise_conv2d"))
     assert got == ref and len(ref) >= 2  # NHWC on the GPUs, NCHW on the CPUs: same convs
-    if resolve_target(target).layout == "NHWC":
-        extracted = steps.extract_step(store, fetched, resolve_target(target))
+    if tgt.layout == "NHWC":
         convs = [t for t in tasks if t.op == "conv2d"]
         assert all("conv2d_nhwc" in (extracted.path / t.file).read_text() for t in convs)
 

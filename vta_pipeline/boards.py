@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .errors import BoardError
 
@@ -205,6 +205,38 @@ def stop_from_state(state_file: Path) -> dict[str, Any] | None:
     return state
 
 
+def _on_a_board(host: str, port: int, key: str, timeout_s: float, work: Callable[[Any], Any], what: str,
+                failed: str = ": ", hung: str = "") -> Any:
+    """`work(remote)` on a board under `key`, with a deadline.
+
+    RPC calls have no client-side timeout: a board that accepts the session and never answers
+    would block the caller for good, so the work runs in a daemon thread that is given up on
+    after `timeout_s`. Every failure is a BoardError naming the key and the tracker.
+    """
+    import threading
+
+    from tvm import rpc
+
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            remote = rpc.connect_tracker(host, port).request(key, priority=1, session_timeout=int(timeout_s))
+            outcome["value"] = work(remote)
+        except Exception as e:  # reported below with the key and the tracker
+            outcome["error"] = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    where = f"key {key!r} at the tracker {host}:{port}"
+    if t.is_alive():
+        raise BoardError(f"{what}: a board under {where} did not answer within {timeout_s:.0f} s{hung}")
+    if "error" in outcome:
+        raise BoardError(f"{what}: a board under {where}{failed}{outcome['error']}")
+    return outcome["value"]
+
+
 def health_check(host: str, port: int, key: str, target_spec: dict[str, Any], timeout_s: float = 120.0,
                  cross_compiler: str | None = None) -> float:
     """Run a trivial kernel (y = x + 1) on a board under `key`; return its run time in ms.
@@ -214,11 +246,10 @@ def health_check(host: str, port: int, key: str, target_spec: dict[str, Any], ti
     GPU kinds are checked by their first measurements.
     """
     import tempfile
-    import threading
 
     import numpy as np
     import tvm
-    from tvm import rpc, te
+    from tvm import te
 
     if target_spec.get("kind") != "llvm":
         return 0.0
@@ -226,41 +257,31 @@ def health_check(host: str, port: int, key: str, target_spec: dict[str, Any], ti
     a = te.placeholder((n,), name="a", dtype="float32")
     b = te.compute((n,), lambda i: a[i] + 1.0, name="b")
     lib = tvm.compile(tvm.IRModule({"main": te.create_prim_func([a, b])}), target=tvm.target.Target(target_spec))
-    outcome: dict[str, Any] = {}
 
-    def run() -> None:
-        try:
-            remote = rpc.connect_tracker(host, port).request(key, priority=1, session_timeout=int(timeout_s))
-            with tempfile.TemporaryDirectory() as d:
-                path = f"{d}/vta_pipeline_health.so"
-                if cross_compiler:
-                    from tvm.support import cc
+    def run(remote) -> tuple[bool, float]:
+        with tempfile.TemporaryDirectory() as d:
+            path = f"{d}/vta_pipeline_health.so"
+            if cross_compiler:
+                from tvm.support import cc
 
-                    lib.export_library(path, fcompile=cc.cross_compiler(cross_compiler))
-                else:
-                    lib.export_library(path)
-                remote.upload(path)
-                f = remote.load_module("vta_pipeline_health.so")
-            dev = remote.cpu(0)
-            x = np.arange(n, dtype="float32")
-            xd, yd = tvm.runtime.tensor(x, dev), tvm.runtime.tensor(np.zeros(n, "float32"), dev)
-            f(xd, yd)
-            outcome["ok"] = bool(np.array_equal(yd.numpy(), x + 1))
-            outcome["ms"] = f.time_evaluator(f.entry_name, dev, number=10)(xd, yd).mean * 1e3
-        except Exception as e:  # reported below with the key and the tracker
-            outcome["error"] = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
+                lib.export_library(path, fcompile=cc.cross_compiler(cross_compiler))
+            else:
+                lib.export_library(path)
+            remote.upload(path)
+            f = remote.load_module("vta_pipeline_health.so")
+        dev = remote.cpu(0)
+        x = np.arange(n, dtype="float32")
+        xd, yd = tvm.runtime.tensor(x, dev), tvm.runtime.tensor(np.zeros(n, "float32"), dev)
+        f(xd, yd)
+        ok = bool(np.array_equal(yd.numpy(), x + 1))
+        return ok, f.time_evaluator(f.entry_name, dev, number=10)(xd, yd).mean * 1e3
 
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout_s)
-    where = f"key {key!r} at the tracker {host}:{port}"
-    if t.is_alive():
-        raise BoardError(f"health check: a board under {where} did not answer within {timeout_s:.0f} s (hung board?)")
-    if "error" in outcome:
-        raise BoardError(f"health check: a board under {where} cannot run a trivial kernel: {outcome['error']}")
-    if not outcome.get("ok"):
-        raise BoardError(f"health check: a board under {where} computed a wrong result for y = x + 1")
-    return float(outcome["ms"])
+    ok, ms = _on_a_board(host, port, key, timeout_s, run, "health check", failed=" cannot run a trivial kernel: ",
+                         hung=" (hung board?)")
+    if not ok:
+        raise BoardError(f"health check: a board under key {key!r} at the tracker {host}:{port} computed a wrong "
+                         "result for y = x + 1")
+    return float(ms)
 
 
 # What MetaSchedule's GPU search must obey, as the device reports it (tvm.runtime.Device).
@@ -274,29 +295,11 @@ DEVICE_PARAMS = {
 def device_params(host: str, port: int, key: str, device: str, timeout_s: float = 60.0) -> dict[str, int]:
     """Read a GPU board's limits (threads per block, shared memory, warp size) over RPC, as
     the Mali recipe did before tuning: the preset's numbers are only a typical board's."""
-    import threading
 
-    from tvm import rpc
+    def read(remote) -> dict[str, int]:
+        dev = {"cuda": remote.cuda, "opencl": remote.cl}[device](0)
+        if not dev.exist:
+            raise RuntimeError(f"the board has no {device} device (is its TVM runtime built with it?)")
+        return {ours: int(getattr(dev, attr)) for ours, attr in DEVICE_PARAMS.items()}
 
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            remote = rpc.connect_tracker(host, port).request(key, priority=1, session_timeout=int(timeout_s))
-            dev = {"cuda": remote.cuda, "opencl": remote.cl}[device](0)
-            if not dev.exist:
-                outcome["error"] = f"the board has no {device} device (is its TVM runtime built with it?)"
-                return
-            outcome["params"] = {ours: int(getattr(dev, attr)) for ours, attr in DEVICE_PARAMS.items()}
-        except Exception as e:  # reported below with the key and the tracker
-            outcome["error"] = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout_s)
-    where = f"key {key!r} at the tracker {host}:{port}"
-    if t.is_alive():
-        raise BoardError(f"device query: a board under {where} did not answer within {timeout_s:.0f} s")
-    if "error" in outcome:
-        raise BoardError(f"device query: a board under {where}: {outcome['error']}")
-    return outcome["params"]
+    return _on_a_board(host, port, key, timeout_s, read, "device query")
