@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 STEP = "build"
-VERSION = 1
+VERSION = 2  # 2: tuned weight layouts pre-packed at build time
 LIB = "model.so"
 GPU_KINDS = ("cuda", "opencl", "vulkan", "metal", "rocm")
 
@@ -45,11 +45,15 @@ def build_network(
     mod = tvm.ir.load_json((Path(extract_dir) / "lowered.json").read_text())
     applied = 0
     if best_db_dir is not None:
+        from . import int8_dot
         from .records import open_db
+        from .relax_pipeline import prepack_weights
 
+        int8_dot.register()  # tensorized records replay by the intrinsic's name
         db = open_db(best_db_dir)
         with target, db:
             mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
+        mod = prepack_weights(mod)
         applied = sum(
             1 for _, f in mod.functions.items()
             if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and "tirx.is_scheduled" in f.attrs

@@ -154,6 +154,9 @@ class PackConfig(_Strict):
     stop_name: str = Field("nn.global_avg_pool2d", description="Packing stops before this operator.")
     start_name_idx: int | None = Field(None, ge=0, description="Which occurrence of start_name (0 = first).")
     stop_name_idx: int | None = Field(None, ge=0, description="Which occurrence of stop_name (default: the first after the start).")
+    layout: Literal["vta", "x86"] = Field(
+        "vta", description="Packed weight layout: vta (OIHW16o16i, what VTA executes) or x86 (OIHW16o4i with uint8 "
+                           "activations where they are non-negative: the CPU's int8 dot product, VNNI/AVX2).")
 
 
 class BoardConfig(_Strict):

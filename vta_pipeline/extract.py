@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 STEP = "extract"
-VERSION = 2
+VERSION = 3  # 3: layout-free weights (pre-packing); x86 dot-product convs
 
 WORKLOAD_FIELDS = (
     "batch", "height", "width", "in_filter", "out_filter",
@@ -63,7 +63,8 @@ def _linear(expr, block, axis: int):
         return None
 
 
-CONV_BLOCKS = ("conv2d_nchw", "group_conv2d_nchw", "DepthwiseConv2d", "conv2d_packed", "depthwise_conv2d_packed",
+CONV_BLOCKS = ("conv2d_nchw", "group_conv2d_nchw", "DepthwiseConv2d", "conv2d_packed", "conv2d_dot_packed",
+               "depthwise_conv2d_packed",
                "conv2d_nhwc", "group_conv2d_nhwc", "depthwise_conv2d_nhwc")
 CONV_OPS = ("conv2d", "depthwise_conv2d", "group_conv2d", "packed_conv2d", "packed_depthwise_conv2d")
 

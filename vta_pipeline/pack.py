@@ -34,6 +34,7 @@ def pack_params(pack: PackConfig, vta: VTAConfig):
         stop_name=pack.stop_name,
         start_name_idx=pack.start_name_idx,
         stop_name_idx=pack.stop_name_idx,
+        layout=pack.layout,
     )
 
 
@@ -56,7 +57,8 @@ def pack_model(model_dir: Path, pack: PackConfig, vta: VTAConfig, out_dir: Path)
     (out_dir / "pack.json").write_text(json.dumps(rep.to_dict(), indent=1))
     shutil.copy2(Path(model_dir) / "reference.npz", out_dir / "reference.npz")
     return {"start": rep.start, "stop": rep.stop, "packed_ops": len(rep.packed_ops),
-            "bfactor": rep.bfactor, "cfactor": rep.cfactor}  # fmt: skip
+            "bfactor": rep.bfactor, "cfactor": rep.cfactor, "layout": rep.layout,
+            "uint8_convs": rep.uint8_convs}  # fmt: skip
 
 
 def pack_points(model_dir: Path, pack: PackConfig, vta: VTAConfig) -> dict[str, Any]:

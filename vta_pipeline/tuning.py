@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from . import int8_dot
 from .config import MeasureConfig, TuneConfig
 from .errors import BoardError
 from .progress import publish
@@ -491,6 +492,7 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
     for msg in repair_database(work_dir):
         log.warning("task %s: %s", task_name, msg)
     target = tvm.target.Target(target_spec)
+    int8_dot.register()  # tensorized records replay by the intrinsic's name
     workload_mod = tvm.ir.load_json(Path(task_file).read_text())
     state = read_state(work_dir)
     trials_before = len(read_trials(work_dir))
@@ -546,7 +548,7 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
         ctx = ms.TuneContext(
             mod=workload_mod,
             target=target,
-            space_generator="post-order-apply",
+            space_generator=int8_dot.space_generator(target, workload_mod),
             search_strategy=guard,
             task_name=task_name,
             rand_state=tune.seed + done,  # a resumed run must not replay the same random stream

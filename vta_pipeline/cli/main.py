@@ -48,6 +48,8 @@ PackStartIdxOpt = Annotated[Optional[int], typer.Option(help="Which occurrence o
 PackStopIdxOpt = Annotated[Optional[int], typer.Option(help="Which occurrence of --pack-stop.")]
 BfactorOpt = Annotated[Optional[int], typer.Option(help="Batch block (default: VTA BATCH).")]
 CfactorOpt = Annotated[Optional[int], typer.Option(help="Channel block (default: VTA BLOCK_OUT).")]
+PackLayoutOpt = Annotated[Optional[str], typer.Option(
+    help="Packed weights: vta (OIHW16o16i, VTA's) | x86 (OIHW16o4i + uint8 activations: the CPU's int8 dot product).")]
 
 
 def _fail(msg: str) -> None:
@@ -71,7 +73,8 @@ def _model_overrides(model, source, onnx_path, input_shape) -> dict:
 
 
 def _int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode, calibration_data,
-                    pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx, bfactor, cfactor) -> dict:
+                    pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx, bfactor, cfactor,
+                    pack_layout=None) -> dict:
     """The quantize / pack options shared by `run`, `tasks` and `pack-points`, as overrides.
     `--vta` turns both on (an explicit --no-quantize/--no-pack still wins)."""
     skip = None
@@ -87,7 +90,7 @@ def _int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, c
         "pack.enabled": pack if pack is not None else (True if vta else None),
         "pack.start_name": pack_start, "pack.stop_name": pack_stop,
         "pack.start_name_idx": pack_start_idx, "pack.stop_name_idx": pack_stop_idx,
-        "pack.bfactor": bfactor, "pack.cfactor": cfactor,
+        "pack.bfactor": bfactor, "pack.cfactor": cfactor, "pack.layout": pack_layout,
     }
     if vta_config is not None:
         from vta_pipeline.vta_config import VTAConfig
@@ -150,6 +153,7 @@ def run(
     pack_stop_idx: PackStopIdxOpt = None,
     bfactor: BfactorOpt = None,
     cfactor: CfactorOpt = None,
+    pack_layout: PackLayoutOpt = None,
     session: Annotated[Optional[str], typer.Option(
         help="Tuning session (e.g. tonight's date): a new session tunes a full budget of its own.")] = None,
     warm_start: Annotated[Optional[int], typer.Option(
@@ -180,7 +184,7 @@ def run(
             "tune.session": session, "tune.warm_start": warm_start, "guard.max_regression_pct": max_regression_pct,
             **_int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode,
                               calibration_data, pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx,
-                              bfactor, cfactor),
+                              bfactor, cfactor, pack_layout),
         })
         from vta_pipeline import steps
 
@@ -277,6 +281,7 @@ def tasks_cmd(
     pack_stop_idx: PackStopIdxOpt = None,
     bfactor: BfactorOpt = None,
     cfactor: CfactorOpt = None,
+    pack_layout: PackLayoutOpt = None,
 ):
     """Fetch (quantize, pack) the model and print its tuning tasks, cached in the store like a run's.
     The workload columns are the VTA recipe's; packed tasks count batch = N/b*b, in_filter = C/c*c."""
@@ -292,7 +297,7 @@ def tasks_cmd(
             "store": store and str(store), "tune.task_filter": task_filter,
             **_int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode,
                               calibration_data, pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx,
-                              bfactor, cfactor),
+                              bfactor, cfactor, pack_layout),
         })
         tgt = resolve_target(cfg.target)
         st = ArtifactStore(cfg.store)

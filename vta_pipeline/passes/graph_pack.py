@@ -13,6 +13,11 @@ run on packed tensors with packed constants, pools and channel concats run on th
 layout. Anything else in the region, or channels not divisible by the block, is an error
 that names the operator, its index and its shapes, raised before any tuning.
 
+`layout="x86"` keeps the activations' layout but packs weights as `OIHW{c}o4i` and feeds
+int8 convs whose input is provably in [0, 127] (interval analysis, `value_range`) that
+input cast to uint8: the operands of the CPU's int8 dot product (see `int8_dot`), which
+VTA's `OIHW{c}o{c}i` cannot use. Values and results are identical to the VTA layout's.
+
 `start_name_idx` / `stop_name_idx` pick the k-th occurrence of the name (0-based);
 `nn.global_avg_pool2d` also matches Relax's forms of it (`mean` over H and W,
 `nn.adaptive_avg_pool2d` to 1x1). `vta-pipeline pack-points` lists the candidates.
@@ -28,14 +33,22 @@ import tvm
 from tvm import relax
 
 from ..errors import UserError
-from .graph import OpInfo, Rebuilder, const_value, main_bindings, op_name, op_sequence, shape_of
-from .packed_ops import packed_data_layout, packed_depthwise_kernel_layout, packed_kernel_layout
+from .graph import OpInfo, Rebuilder, const_value, dtype_of, main_bindings, op_name, op_sequence, shape_of
+from .packed_ops import (
+    DOT_REDUCE,
+    dot_kernel_layout,
+    packed_data_layout,
+    packed_depthwise_kernel_layout,
+    packed_kernel_layout,
+)
+from .value_range import ValueRange
 
 GLOBAL_AVG_POOL = "nn.global_avg_pool2d"
 UNARY = {"nn.relu", "clip", "astype", "round", "sigmoid", "tanh", "negative", "abs", "floor", "ceil", "exp", "sqrt"}
 BINARY = {"add", "subtract", "multiply", "divide", "maximum", "minimum", "right_shift", "left_shift"}
 POOLS = {"nn.max_pool2d", "nn.avg_pool2d"}
 PACKABLE = UNARY | BINARY | POOLS | {"nn.conv2d", "concat"}
+LAYOUTS = ("vta", "x86")
 
 
 class PackError(UserError):
@@ -51,6 +64,7 @@ class PackParams:
     stop_name: str = GLOBAL_AVG_POOL
     start_name_idx: int | None = None
     stop_name_idx: int | None = None
+    layout: str = "vta"
 
 
 def is_global_avg_pool(op: OpInfo) -> bool:
@@ -118,8 +132,16 @@ class GraphPacker(Rebuilder):
                 f"weight_bits={p.weight_bits}: weights narrower than 8 bits need bit-packed weight lanes, "
                 "which this graph pack does not implement; use 8"
             )
+        if p.layout not in LAYOUTS:
+            raise PackError(f"pack layout {p.layout!r}: choose one of {', '.join(LAYOUTS)}")
+        if p.layout == "x86" and p.cfactor % DOT_REDUCE:
+            raise PackError(f"pack layout x86 splits the channel block in groups of {DOT_REDUCE}: "
+                            f"cfactor={p.cfactor} is not divisible by {DOT_REDUCE}")
         self.p = p
         self.ops = op_sequence(mod)
+        self.ranges = ValueRange(mod)
+        self.unsigned: dict[Any, Any] = {}
+        self.uint8_convs = 0
         self.region = find_region(self.ops, p)
         self.info = {o.var: o for o in self.ops}
         bindings = main_bindings(mod)
@@ -234,8 +256,14 @@ class GraphPacker(Rebuilder):
             if o % cf or i % cf:
                 raise self._fail(op, f"weight {o}x{i}x{kh}x{kw}: output and input channels must be divisible by "
                                      f"cfactor={cf}")
-            wp = w.reshape(o // cf, cf, i // cf, cf, kh, kw).transpose(0, 2, 4, 5, 1, 3).copy()
-            klayout = packed_kernel_layout(cf)
+            if self.p.layout == "x86":
+                r = DOT_REDUCE
+                wp = w.reshape(o // cf, cf, i // r, r, kh, kw).transpose(0, 2, 4, 5, 1, 3).copy()
+                klayout = dot_kernel_layout(cf)
+                x = self._unsigned(call.args[0], x)
+            else:
+                wp = w.reshape(o // cf, cf, i // cf, cf, kh, kw).transpose(0, 2, 4, 5, 1, 3).copy()
+                klayout = packed_kernel_layout(cf)
         elif groups == cin == o and i == 1:
             if o % cf:
                 raise self._fail(op, f"depthwise weight {o}x1x{kh}x{kw}: channels must be divisible by cfactor={cf}")
@@ -246,6 +274,15 @@ class GraphPacker(Rebuilder):
         return relax.op.nn.conv2d(x, relax.const(wp), a.strides, a.padding, a.dilation, groups,
                                   self.layout, klayout, self.layout, out_dtype=a.out_dtype)
 
+    def _unsigned(self, arg: Any, packed: Any) -> Any:
+        """The packed int8 conv input as uint8 when its values are provably in [0, 127]."""
+        if dtype_of(arg) != "int8" or not self.ranges.nonnegative(arg):
+            return packed
+        if arg not in self.unsigned:
+            self.unsigned[arg] = self.emit(relax.op.astype(packed, "uint8"), "as_uint8")
+        self.uint8_convs += 1
+        return self.unsigned[arg]
+
 
 @dataclass
 class PackReport:
@@ -254,6 +291,8 @@ class PackReport:
     packed_ops: list[str]
     bfactor: int
     cfactor: int
+    layout: str = "vta"
+    uint8_convs: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -265,7 +304,7 @@ def graph_pack(mod: tvm.IRModule, p: PackParams) -> tuple[tvm.IRModule, PackRepo
     out = packer.run(mod)
     region = packer.region
     return out, PackReport(region.start.describe(), region.stop.describe() if region.stop else None,
-                           packer.packed_ops, p.bfactor, p.cfactor)
+                           packer.packed_ops, p.bfactor, p.cfactor, p.layout, packer.uint8_convs)
 
 
 def GraphPack(p: PackParams) -> tvm.ir.transform.Pass:  # noqa: N802 (TVM's pass naming)

@@ -7,6 +7,14 @@ then fails. We lower them with VTA's compute, so the tuning tasks are VTA's task
     res[b_o, c_o, i, j, b_i, c_i] = sum_{k_o, d_i, d_j, k_i}
         pad[b_o, k_o, i*hs + d_i, j*ws + d_j, b_i, k_i] * kernel[c_o, k_o, d_i, d_j, c_i, k_i]
 
+The `x86` pack layout keeps the activations' blocks and splits the weights' input block
+into groups of four, `OIHW{c}o4i` (O/c, I/4, kh, kw, c, 4): the operand shape of the CPU's
+int8 dot-product instructions (see `int8_dot`). Its compute reads the same sums:
+
+    res[b_o, c_o, i, j, b_i, c_i] = sum_{k_o, d_i, d_j, k_i}
+        pad[b_o, k_o // (c/4), i*hs + d_i, j*ws + d_j, b_i, (k_o % (c/4))*4 + k_i]
+        * kernel[c_o, k_o, d_i, d_j, c_i, k_i]
+
 Depthwise convs (groups == channels, as in mobilenet) have no VTA compute; packed, their
 kernel is `OIHW{c}o` and each output channel reads only its own input channel.
 Everything else goes to Relax's default conv2d lowering. Integer avg pools are lowered
@@ -20,8 +28,12 @@ from typing import Any
 
 from tvm import relax, te, topi
 
+from .graph import shape_of
+
 PACKED_CONV = "conv2d_packed"
 PACKED_DEPTHWISE = "depthwise_conv2d_packed"
+DOT_CONV = "conv2d_dot_packed"
+DOT_REDUCE = 4
 
 
 def packed_data_layout(bfactor: int, cfactor: int) -> str:
@@ -30,6 +42,10 @@ def packed_data_layout(bfactor: int, cfactor: int) -> str:
 
 def packed_kernel_layout(cfactor: int) -> str:
     return f"OIHW{cfactor}o{cfactor}i"
+
+
+def dot_kernel_layout(cfactor: int) -> str:
+    return f"OIHW{cfactor}o{DOT_REDUCE}i"
 
 
 def packed_depthwise_kernel_layout(cfactor: int) -> str:
@@ -70,6 +86,29 @@ def conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtyp
     )
 
 
+def conv2d_dot_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str) -> te.Tensor:
+    """Packed conv with dot-product weights: data (N/b, C/c, H, W, b, c), kernel
+    (O/c, C/4, kh, kw, c, 4)."""
+    nb, cb, h, w, bn, bc = (int(d) for d in data.shape)
+    ob, ig, kh, kw, bo, bi = (int(d) for d in kernel.shape)
+    per_block = bc // bi
+    pad, hs, ws, oh, ow = _pad(data, kh, kw, strides, padding)
+    k_o = te.reduce_axis((0, ig), name="k_o")
+    d_i = te.reduce_axis((0, kh), name="d_i")
+    d_j = te.reduce_axis((0, kw), name="d_j")
+    k_i = te.reduce_axis((0, bi), name="k_i")
+    return te.compute(
+        (nb, ob, oh, ow, bn, bo),
+        lambda b_o, c_o, i, j, b_i, c_i: te.sum(
+            pad[b_o, k_o // per_block, i * hs + d_i, j * ws + d_j, b_i, (k_o % per_block) * bi + k_i].astype(out_dtype)
+            * kernel[c_o, k_o, d_i, d_j, c_i, k_i].astype(out_dtype),
+            axis=[k_o, d_i, d_j, k_i],
+        ),
+        name=DOT_CONV,
+        tag=DOT_CONV,
+    )
+
+
 def depthwise_conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str) -> te.Tensor:
     """Depthwise conv on packed data: kernel (C/c, 1, kh, kw, c)."""
     nb, cb, h, w, bn, bc = (int(d) for d in data.shape)
@@ -100,7 +139,12 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> Any:
     out_dtype = str(a.out_dtype)
     if out_dtype in ("", "void"):
         out_dtype = str(call.args[0].ty.dtype)
-    fn, name = (conv2d_packed, PACKED_CONV) if int(a.groups) == 1 else (depthwise_conv2d_packed, PACKED_DEPTHWISE)
+    if int(a.groups) != 1:
+        fn, name = depthwise_conv2d_packed, PACKED_DEPTHWISE
+    elif shape_of(call.args[1])[5] < shape_of(call.args[0])[5]:  # input block split in fours
+        fn, name = conv2d_dot_packed, DOT_CONV
+    else:
+        fn, name = conv2d_packed, PACKED_CONV
     return bb.call_te(fn, call.args[0], call.args[1], strides=a.strides, padding=a.padding,
                       out_dtype=out_dtype, primfunc_name_hint=name)
 

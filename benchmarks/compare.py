@@ -1,0 +1,335 @@
+"""Tuned TVM side by side with PyTorch and ONNX Runtime, in one run, on this CPU.
+
+Same machine, same thread count, batch 1, random weights (fixed seed). For each model:
+PyTorch eager fp32 (inference mode), ONNX Runtime fp32 (CPU provider), ONNX Runtime int8
+(static QDQ, uint8 activations x int8 weights, calibrated on random data); and TVM built by
+our pipeline (`vta-pipeline run`, the local RPC board on this CPU): untuned, tuned fp32,
+tuned int8 VTA-packed, each with the stated trial budget per task. The table gives median
+and p90 latency, the ratio to PyTorch eager, achieved GFLOP/s (the model's FLOPs over the
+median) and its share of this machine's peak, measured in the same run (a large fp32 GEMM
+and an int8 GEMM through torch).
+
+Then the tuning cost: trials per minute of the pipeline vs a bare MetaSchedule
+`tune_tasks` loop over the same tasks and budget (the orchestration overhead), and the
+pipeline's measurement throughput with one vs two local boards.
+
+    uv run python benchmarks/compare.py                      # the README's table (~30 min here)
+    uv run python benchmarks/compare.py --models resnet18 --trials 4 --skip-overhead   # quicker
+
+Results: benchmarks/results/compare.json and compare.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+OUT = Path(__file__).resolve().parent / "results"
+
+# Per model: the input shape and what the int8 VTA path needs (see tests/test_vta_networks.py).
+MODELS = {
+    "resnet18": {"shape": (1, 3, 224, 224), "int8": []},
+    "mobilenet_v2": {"shape": (1, 3, 224, 224),
+                     "int8": ["--pack-start", "nn.conv2d", "--pack-start-idx", "9", "--calibrate-mode", "max"]},
+}
+
+
+# ---- timing -------------------------------------------------------------------------------------
+def timed(fn: Callable[[], Any], runs: int, warmup: int = 3) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def stats(ms: list[float]) -> dict[str, float]:
+    return {"median_ms": float(np.median(ms)), "p90_ms": float(np.percentile(ms, 90)), "runs": len(ms)}
+
+
+def peaks(threads: int) -> dict[str, Any]:
+    """This machine's reachable peak, measured now: a 2048^3 fp32 GEMM (torch) and the best
+    int8 GEMM on offer, torch._int_mm (s8 x s8; slow without VNNI/AMX) or ONNX Runtime's
+    MatMulInteger (u8 x s8, the AVX2/VNNI kernels ORT's int8 convs use)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    n = 2048
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    fp32 = stats(timed(lambda: torch.matmul(a, b), 10))
+    out: dict[str, Any] = {"fp32_gflops": 2 * n**3 / fp32["median_ms"] / 1e6, "int8_sources": {}}
+    try:
+        ai = torch.randint(-128, 127, (n, n), dtype=torch.int8)
+        bi = torch.randint(-128, 127, (n, n), dtype=torch.int8)
+        i8 = stats(timed(lambda: torch._int_mm(ai, bi), 5))
+        out["int8_sources"]["torch._int_mm s8s8"] = 2 * n**3 / i8["median_ms"] / 1e6
+    except (RuntimeError, AttributeError) as e:  # no int8 GEMM kernel for this CPU in this build
+        out["int8_sources"]["torch._int_mm s8s8"] = None
+        out["int8_error"] = str(e).splitlines()[0]
+    out["int8_sources"]["ONNX Runtime MatMulInteger u8s8"] = ort_int8_gemm(n, threads)
+    out["int8_gops"] = max(v for v in out["int8_sources"].values() if v)
+    return out
+
+
+def ort_int8_gemm(n: int, threads: int) -> float:
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    w = rng.integers(-127, 127, (n, n), dtype=np.int8)
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "w"], ["y"])], "int8_gemm",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, [n, n])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [n, n])],
+        [onnx.numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    feed = {"a": rng.integers(0, 127, (n, n), dtype=np.uint8)}
+    return 2 * n**3 / stats(timed(lambda: sess.run(None, feed), 10))["median_ms"] / 1e6
+
+
+# ---- the frameworks -----------------------------------------------------------------------------
+def torch_model(name: str, seed: int):
+    import torch
+    import torchvision
+
+    torch.manual_seed(seed)
+    return getattr(torchvision.models, name)(weights=None).eval()
+
+
+def ort_quantize(src: Path, dst: Path, shape, seed: int) -> None:
+    """ORT's static U8S8 QDQ quantizer, in its own pinned environment (it needs a newer onnx
+    than the project's pin; see ort_quantize_requirements.txt)."""
+    here = Path(__file__).resolve().parent
+    cmd = ["uv", "run", "--no-project", "--python", f"{sys.version_info.major}.{sys.version_info.minor}",
+           "--with-requirements", str(here / "ort_quantize_requirements.txt"), "python",
+           str(here / "ort_quantize.py"), str(src), str(dst), "--input", "data",
+           "--shape", ",".join(str(d) for d in shape), "--seed", str(seed)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"ORT quantization failed ({' '.join(cmd)}):\n{done.stderr[-3000:]}")
+
+
+def frameworks(name: str, shape, threads: int, runs: int, work: Path, seed: int) -> dict[str, dict[str, float]]:
+    import onnxruntime as ort
+    import torch
+
+    torch.set_num_threads(threads)
+    model = torch_model(name, seed)
+    x = torch.from_numpy(np.random.default_rng(seed).standard_normal(shape).astype("float32"))
+    res: dict[str, dict[str, float]] = {}
+    with torch.inference_mode():
+        res["PyTorch eager fp32"] = stats(timed(lambda: model(x), runs))
+
+    fp32 = work / f"{name}.onnx"
+    torch.onnx.export(model, (x,), str(fp32), input_names=["data"], output_names=["out"], opset_version=17,
+                      dynamo=False)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    feed = {"data": x.numpy()}
+    sess = ort.InferenceSession(str(fp32), opts, providers=["CPUExecutionProvider"])
+    res["ONNX Runtime fp32"] = stats(timed(lambda: sess.run(None, feed), runs))
+
+    int8 = work / f"{name}.u8s8.onnx"
+    ort_quantize(fp32, int8, shape, seed + 1)
+    sess8 = ort.InferenceSession(str(int8), opts, providers=["CPUExecutionProvider"])
+    res["ONNX Runtime int8 (U8S8 QDQ)"] = stats(timed(lambda: sess8.run(None, feed), runs))
+    return res
+
+
+# ---- our pipeline -------------------------------------------------------------------------------
+def pipeline_run(model: str, source: str, store: Path, trials: int, threads: int, eval_repeat: int,
+                 extra: list[str], servers: int = 2, task_filter: str = "auto") -> dict[str, Any]:
+    """`vta-pipeline run` as a user runs it; returns its result plus the tuning phase's timing."""
+    cmd = [sys.executable, "-m", "vta_pipeline.cli", "run", "--source", source, "--model", model,
+           "--trials-per-task", str(trials), "--trials-per-batch", str(min(trials, 8)),
+           "--task-filter", task_filter, "--eval-repeat", str(eval_repeat), "--local-servers", str(servers),
+           "--store", str(store), *extra]
+    env = dict(os.environ, TVM_NUM_THREADS=str(threads))
+    t0 = time.time()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+    wall = time.time() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    runs = sorted((store / "runs").glob("*.json"), key=lambda p: p.stat().st_mtime)
+    result = json.loads(runs[-1].read_text())
+    events = [json.loads(line) for line in (store / "events.jsonl").read_text().splitlines()]
+    tune = [e["t"] for e in events if e["step"] == "tune" and e["t"] >= t0]
+    trials_done = sum(t.get("trials_this_run", t.get("trials", 0)) for t in result["tasks"])
+    return {"result": result, "wall_s": wall, "tune_s": (max(tune) - min(tune)) if tune else None,
+            "trials": trials_done}
+
+
+def evaluation_stats(ev: dict[str, Any]) -> dict[str, float]:
+    reps = ev.get("repeats") or [ev["mean_ms"]]
+    return {**stats(reps), "correct": ev.get("correct")}
+
+
+def model_gflop(store: Path, model: str, source: str) -> float:
+    """The network's FLOPs as TVM counts them (every task's FLOPs x its weight)."""
+    from vta_pipeline import steps
+    from vta_pipeline.config import ModelConfig
+    from vta_pipeline.extract import load_tasks
+    from vta_pipeline.store import ArtifactStore
+    from vta_pipeline.targets import resolve_target
+
+    st = ArtifactStore(store)
+    extracted = steps.extract_step(st, steps.fetch_step(st, ModelConfig(source=source, name=model)),
+                                   resolve_target("host"))
+    return sum(t.flops * t.weight for t in load_tasks(extracted.path)) / 1e9
+
+
+# ---- orchestration overhead ---------------------------------------------------------------------
+def bare_loop(store: Path, trials: int, threads: int) -> dict[str, float]:
+    """The same tasks and budget through a plain MetaSchedule tune_tasks call: no store, no
+    Prefect, no records of our own, on a fresh local board with two servers."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from vta_pipeline.boards import LocalBoard
+    from vta_pipeline.extract import load_tasks, select_tasks
+    from vta_pipeline.ms_build import make_builder
+    from vta_pipeline.store import ArtifactStore
+    from vta_pipeline.targets import resolve_target
+
+    st = ArtifactStore(store)
+    extracted = st.find("extract")[0]
+    tasks = select_tasks(load_tasks(extracted.path), "conv2d")
+    target = resolve_target("host").tvm_target()
+    os.environ["TVM_NUM_THREADS"] = str(threads)
+    with LocalBoard(key="bare", num_servers=2) as board, tempfile.TemporaryDirectory() as work:
+        ctxs = [ms.TuneContext(mod=tvm.ir.load_json((extracted.path / t.file).read_text()), target=target,
+                               space_generator="post-order-apply", search_strategy="evolutionary",
+                               task_name=t.name, num_threads="physical") for t in tasks]
+        runner = ms.runner.RPCRunner(
+            rpc_config=ms.runner.RPCConfig(tracker_host=board.host, tracker_port=board.port, tracker_key="bare",
+                                           session_timeout_sec=60),
+            evaluator_config=ms.runner.EvaluatorConfig(number=5, repeat=1), max_workers=2)
+        t0 = time.time()
+        db = ms.tune_tasks(tasks=ctxs, task_weights=[1.0] * len(ctxs), work_dir=work,
+                           max_trials_global=trials * len(ctxs), num_trials_per_iter=min(trials, 8),
+                           builder=make_builder(600), runner=runner, database=ms.database.JSONDatabase(work_dir=work),
+                           cost_model=ms.cost_model.CostModel.create("xgb", num_tuning_cores=1))
+        secs = time.time() - t0
+        valid = sum(1 for r in db.get_all_tuning_records() if r.run_secs and min(float(s) for s in r.run_secs) < 1e9)
+    return {"tune_s": secs, "trials": valid}
+
+
+# ---- report -------------------------------------------------------------------------------------
+def table(rows: list[dict[str, Any]], peak: dict[str, float]) -> str:
+    head = ["model", "engine", "median ms", "p90 ms", "vs PyTorch", "GFLOP/s", "% of peak", "output"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        int8 = "int8" in r["engine"]
+        p = peak.get("int8_gops") if int8 else peak["fp32_gflops"]
+        gf = r["gflop"] / (r["median_ms"] / 1e3)
+        out.append("| " + " | ".join([
+            r["model"], r["engine"], f"{r['median_ms']:.2f}", f"{r['p90_ms']:.2f}",
+            f"{r['eager_ms'] / r['median_ms']:.2f}x", f"{gf:.1f}", f"{100 * gf / p:.1f}%" if p else "-",
+            {True: "checked", False: "WRONG", None: "-"}[r.get("correct")],
+        ]) + " |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="resnet18,mobilenet_v2")
+    ap.add_argument("--int8-models", default="resnet18", help="models also tuned int8 VTA-packed ('' = none)")
+    ap.add_argument("--trials", type=int, default=8, help="trials per tuning task (fp32 and int8)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--runs", type=int, default=30, help="timed runs per framework (TVM: evaluation repeats)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--store", type=Path, default=Path(tempfile.gettempdir()) / "vta-compare-store")
+    ap.add_argument("--overhead-model", default="tinynet", help="built-in model for the tuning-cost runs")
+    ap.add_argument("--overhead-trials", type=int, default=8)
+    ap.add_argument("--skip-overhead", action="store_true")
+    ap.add_argument("--skip-tvm", action="store_true")
+    args = ap.parse_args()
+
+    t_start = time.time()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
+    meta = {"commit": commit.strip(), "threads": args.threads, "trials_per_task": args.trials,
+            "cpu": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M")}
+    shutil.rmtree(args.store, ignore_errors=True)
+    peak = peaks(args.threads)
+    print(f"peak: fp32 {peak['fp32_gflops']:.0f} GFLOP/s, int8 {peak.get('int8_gops') or 0:.0f} GOP/s", flush=True)
+    rows: list[dict[str, Any]] = []
+    runs_meta: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as work:
+        for name in [m for m in args.models.split(",") if m]:
+            spec = MODELS[name]
+            gflop = model_gflop(args.store / name, name, "torchvision")
+            base = frameworks(name, spec["shape"], args.threads, args.runs, Path(work), args.seed)
+            eager = base["PyTorch eager fp32"]["median_ms"]
+            for engine, s in base.items():
+                rows.append({"model": name, "engine": engine, "gflop": gflop, "eager_ms": eager, **s})
+                print(f"{name:<14} {engine:<32} {s['median_ms']:8.2f} ms", flush=True)
+            if args.skip_tvm:
+                continue
+            fp = pipeline_run(name, "torchvision", args.store / name, args.trials, args.threads, args.runs, [],
+                              task_filter="conv2d")
+            runs_meta[f"{name}/fp32"] = {k: v for k, v in fp.items() if k != "result"}
+            for label, ev in (("TVM untuned", fp["result"]["untuned"]),
+                              (f"TVM tuned fp32 ({args.trials} trials/task)", fp["result"]["tuned"])):
+                rows.append({"model": name, "engine": label, "gflop": gflop, "eager_ms": eager, **evaluation_stats(ev)})
+                print(f"{name:<14} {label:<32} {rows[-1]['median_ms']:8.2f} ms", flush=True)
+            if name in args.int8_models.split(","):
+                q = pipeline_run(name, "torchvision", args.store / name, args.trials, args.threads, args.runs,
+                                 ["--vta", *spec["int8"]])
+                runs_meta[f"{name}/int8"] = {k: v for k, v in q.items() if k != "result"}
+                label = f"TVM tuned int8 VTA-packed ({args.trials} trials/task)"
+                rows.append({"model": name, "engine": label, "gflop": gflop, "eager_ms": eager,
+                             **evaluation_stats(q["result"]["tuned"])})
+                print(f"{name:<14} {label:<32} {rows[-1]['median_ms']:8.2f} ms", flush=True)
+
+    overhead: dict[str, Any] = {}
+    if not args.skip_overhead:
+        for servers in (1, 2):
+            st = args.store / f"overhead-{servers}"
+            r = pipeline_run(args.overhead_model, "builtin", st, args.overhead_trials, args.threads, 5, [],
+                             servers=servers, task_filter="conv2d")
+            overhead[f"pipeline, {servers} board(s)"] = {"tune_s": r["tune_s"], "trials": r["trials"],
+                                                        "trials_per_min": 60 * r["trials"] / r["tune_s"]}
+            print(f"pipeline {servers} board(s): {overhead[f'pipeline, {servers} board(s)']}", flush=True)
+        b = bare_loop(args.store / "overhead-2", args.overhead_trials, args.threads)
+        overhead["bare tune_tasks, 2 boards"] = {**b, "trials_per_min": 60 * b["trials"] / b["tune_s"]}
+        print(f"bare loop: {overhead['bare tune_tasks, 2 boards']}", flush=True)
+
+    meta["seconds"] = round(time.time() - t_start)
+    OUT.mkdir(exist_ok=True)
+    (OUT / "compare.json").write_text(json.dumps(
+        {"meta": meta, "peak": peak, "rows": rows, "pipeline_runs": runs_meta, "overhead": overhead}, indent=1))
+    md = [f"Measured at commit {meta['commit']} on {meta['date']}: {meta['threads']} threads, batch 1, "
+          f"{args.runs} timed runs, TVM tuned with {args.trials} trials per task; peak fp32 "
+          f"{peak['fp32_gflops']:.0f} GFLOP/s, int8 {peak.get('int8_gops') or 0:.0f} GOP/s; "
+          f"the whole benchmark took {meta['seconds'] / 60:.1f} min.", "", table(rows, peak)]
+    if overhead:
+        md += ["", "| tuning | trials | tuning s | trials/min |", "|---|---|---|---|"]
+        md += [f"| {k} | {v['trials']} | {v['tune_s']:.0f} | {v['trials_per_min']:.1f} |" for k, v in overhead.items()]
+    (OUT / "compare.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

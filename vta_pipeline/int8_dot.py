@@ -1,0 +1,151 @@
+"""The CPU's int8 dot-product instructions as MetaSchedule tensor intrinsics.
+
+Every x86 int8 dot product multiplies uint8 activations by int8 weights, four at a time
+into one int32 lane. The tensor intrinsic's contract (TVM's `dot_product_16x4_u8i8i32_desc`)
+is 16 output lanes x 4 reduction steps:
+
+    C[i] += int32(A[k]) * int32(B[i, k])     A: 4 x uint8, B: 16 x 4 int8 (contiguous), C: 16 x int32
+
+which the `x86` pack layout produces: weights `OIHW16o4i`, activations `NCHW1n16c` in uint8.
+Three implementations, picked by what the target's CPU has:
+- `vnni` (AVX512-VNNI, cascadelake and later): one `vpdpbusd`. TVM 0.27's registered
+  intrinsic declares the operands as int32x16 and the wheel's LLVM 22 rejects the call
+  ("Call parameter type does not match function signature"); it is re-registered here with
+  the byte-vector types LLVM declares.
+- `avx512` (skylake-avx512): `vpmaddubsw` + `vpmaddwd`, TVM's own.
+- `avx2` (Haswell, Zen): the same pair on 256-bit registers, two halves of 8 lanes. Ours.
+`vpmaddubsw` adds two uint8 x int8 products into an int16 with saturation, so the AVX2
+and AVX-512 forms are exact only while |a0*b0 + a1*b1| <= 32767. The pack layout feeds
+them activations in [0, 127] (non-negative int8 values, the requantize clamp keeps
+|x| <= 127) and weights in [-127, 127]: 2 * 127 * 127 = 32258. VNNI has no such limit.
+
+MetaSchedule replays the intrinsic by name (tuning and the tuned build), so `register()`
+must run in both processes; builder workers receive already-lowered candidates.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+LANES, REDUCE = 16, 4
+VNNI = "vta_pipeline.dot_16x4_vnni"
+AVX512 = "dot_16x4_avx512"
+AVX2 = "vta_pipeline.dot_16x4_avx2"
+
+_registered = False
+
+
+def register() -> None:
+    """Register our intrinsics with TVM (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    from tvm.s_tir import TensorIntrin
+    from tvm.s_tir.tensor_intrin import x86
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def vnni_impl(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((16, 4), "int8", offset_factor=1),
+        C: T.Buffer((16,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+            T.writes(C[0:16])
+            a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 16), dtype="int8x64")
+            C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
+                C.vload([0], dtype="int32x16"), a, B.vload([0, 0], dtype="int8x64"), dtype="int32x16",
+            )
+
+    @T.prim_func(s_tir=True)
+    def avx2_impl(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((16, 4), "int8", offset_factor=1),
+        C: T.Buffer((16,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+            T.writes(C[0:16])
+            a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 8), dtype="uint8x32")
+            lo = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.ub.sw"), a, B.vload([0, 0], dtype="int8x32"),
+                dtype="int16x16",
+            )
+            hi = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.ub.sw"), a, B.vload([8, 0], dtype="int8x32"),
+                dtype="int16x16",
+            )
+            C[T.ramp(T.int32(0), 1, 8)] += T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"), lo, T.int16x16(1), dtype="int32x8",
+            )
+            C[T.ramp(T.int32(8), 1, 8)] += T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"), hi, T.int16x16(1), dtype="int32x8",
+            )
+
+    desc = x86.dot_product_16x4_u8i8i32_desc
+    TensorIntrin.register(VNNI, desc, vnni_impl, override=True)
+    TensorIntrin.register(AVX2, desc, avx2_impl, override=True)
+    _registered = True
+
+
+def intrinsic_for(target: Any) -> str | None:
+    """The dot-product intrinsic this target's CPU runs, or None (not x86, or no AVX2)."""
+    from tvm.target import codegen
+
+    if target.kind.name != "llvm":
+        return None
+    triple = str(target.attrs.get("mtriple", "") or "")
+    if triple and not triple.startswith(("x86_64", "i686", "i386")):
+        return None
+    try:
+        has = lambda feature: bool(codegen.target_has_features([feature], target))  # noqa: E731
+        if has("avx512vnni"):
+            return VNNI
+        if has("avx512bw"):
+            return AVX512
+        if has("avx2"):
+            return AVX2
+    except Exception:  # noqa: BLE001 - an mcpu LLVM does not know: no tensorization, the default rules
+        return None
+    return None
+
+
+def space_generator(target: Any, workload: Any) -> Any:
+    """MetaSchedule's x86 design space with the dot-product rule, for workloads that multiply
+    uint8 by int8; "post-order-apply" (the defaults) for everything else.
+
+    The rule list is MetaSchedule's own for llvm with `MultiLevelTilingWithIntrin` placed
+    before the plain `MultiLevelTiling` (the block a rule matches first is tiled by it), and
+    `RewriteTensorize` among the postprocessors, as its x86 VNNI defaults do."""
+    intrin = intrinsic_for(target)
+    if intrin is None or not _multiplies_uint8(workload):
+        return "post-order-apply"
+    register()
+    from tvm.s_tir import meta_schedule as ms
+
+    rules = list(ms.schedule_rule.ScheduleRule.create("llvm"))
+    at = next(i for i, r in enumerate(rules) if type(r).__name__ == "MultiLevelTiling")
+    rules.insert(at, ms.schedule_rule.MultiLevelTilingWithIntrin(
+        intrin, structure="SSRSRS", tile_binds=None, max_innermost_factor=64, vector_load_lens=None,
+        reuse_read=None, reuse_write=ms.schedule_rule.ReuseType(req="may", levels=[1, 2], scope="global"),
+    ))
+    # MetaSchedule's CPU tensorization order: tensorize before RewriteLayout, whose weight
+    # copies would otherwise land inside the block the intrinsic must match.
+    postprocs = [ms.postproc.DisallowDynamicLoop(), ms.postproc.RewriteParallelVectorizeUnroll(),
+                 ms.postproc.RewriteReductionBlock(), ms.postproc.RewriteTensorize(vectorize_init_loop=True),
+                 ms.postproc.RewriteLayout()]
+    return ms.space_generator.PostOrderApply(sch_rules=rules, postprocs=postprocs, mutator_probs="llvm")
+
+
+def _multiplies_uint8(workload: Any) -> bool:
+    """Does a block of the workload read uint8 and int8 operands (a dot-product candidate)?"""
+    from tvm.s_tir import Schedule
+
+    sch = Schedule(workload)
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        dtypes = {str(r.source.dtype) for r in sch.get(block).reads}
+        if {"uint8", "int8"} <= dtypes:
+            return True
+    return False
