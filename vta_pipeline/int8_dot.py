@@ -12,7 +12,7 @@ Three implementations, picked by what the target's CPU has:
   intrinsic declares the operands as int32x16 and the wheel's LLVM 22 rejects the call
   ("Call parameter type does not match function signature"); it is re-registered here with
   the byte-vector types LLVM declares.
-- `avx512` (skylake-avx512): `vpmaddubsw` + `vpmaddwd`, TVM's own.
+- `avx512` (skylake-avx512): `vpmaddubsw` + `vpmaddwd` on 512-bit registers, as TVM's.
 - `avx2` (Haswell, Zen): the same pair on 256-bit registers, two halves of 8 lanes. Ours.
 `vpmaddubsw` adds two uint8 x int8 products into an int16 with saturation, so the AVX2
 and AVX-512 forms are exact only while |a0*b0 + a1*b1| <= 32767. The pack layout feeds
@@ -20,7 +20,9 @@ them activations in [0, 127] (non-negative int8 values, the requantize clamp kee
 |x| <= 127) and weights in [-127, 127]: 2 * 127 * 127 = 32258. VNNI has no such limit.
 
 MetaSchedule replays the intrinsic by name (tuning and the tuned build), so `register()`
-must run in both processes; builder workers receive already-lowered candidates.
+must run in both processes; builder workers receive already-lowered candidates. All four
+are defined here rather than imported from `tvm.s_tir.tensor_intrin`, whose import parses
+every intrinsic TVM ships (tens of seconds on this machine).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 
 LANES, REDUCE = 16, 4
 VNNI = "vta_pipeline.dot_16x4_vnni"
-AVX512 = "dot_16x4_avx512"
+AVX512 = "vta_pipeline.dot_16x4_avx512"
 AVX2 = "vta_pipeline.dot_16x4_avx2"
 
 _registered = False
@@ -41,8 +43,40 @@ def register() -> None:
     if _registered:
         return
     from tvm.s_tir import TensorIntrin
-    from tvm.s_tir.tensor_intrin import x86
     from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def desc(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((16, 4), "int8", offset_factor=1),
+        C: T.Buffer((16,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+            T.writes(C[0:16])
+            for i in T.serial(0, 16):
+                for k in T.serial(0, 4):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+
+    @T.prim_func(s_tir=True)
+    def avx512_impl(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((16, 4), "int8", offset_factor=1),
+        C: T.Buffer((16,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+            T.writes(C[0:16])
+            a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 16), dtype="uint8x64")
+            pairs = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.pmaddubs.w.512"), a, B.vload([0, 0], dtype="int8x64"),
+                dtype="int16x32",
+            )
+            C[T.ramp(T.int32(0), 1, 16)] += T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.pmaddw.d.512"), pairs, T.int16x32(1), dtype="int32x16",
+            )
 
     @T.prim_func(s_tir=True)
     def vnni_impl(
@@ -84,8 +118,8 @@ def register() -> None:
                 T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"), hi, T.int16x16(1), dtype="int32x8",
             )
 
-    desc = x86.dot_product_16x4_u8i8i32_desc
     TensorIntrin.register(VNNI, desc, vnni_impl, override=True)
+    TensorIntrin.register(AVX512, desc, avx512_impl, override=True)
     TensorIntrin.register(AVX2, desc, avx2_impl, override=True)
     _registered = True
 
@@ -131,11 +165,11 @@ def space_generator(target: Any, workload: Any) -> Any:
         intrin, structure="SSRSRS", tile_binds=None, max_innermost_factor=64, vector_load_lens=None,
         reuse_read=None, reuse_write=ms.schedule_rule.ReuseType(req="may", levels=[1, 2], scope="global"),
     ))
-    # MetaSchedule's CPU tensorization order: tensorize before RewriteLayout, whose weight
-    # copies would otherwise land inside the block the intrinsic must match.
+    # No RewriteLayout: OIHW16o4i already is the layout the intrinsic reads (packed once, by
+    # graph pack), and MetaSchedule's layout rewrite of tensorized blocks crashed candidate
+    # generation here (RemoveLayoutRewriteBlock: "ind.as<PrimVar>()").
     postprocs = [ms.postproc.DisallowDynamicLoop(), ms.postproc.RewriteParallelVectorizeUnroll(),
-                 ms.postproc.RewriteReductionBlock(), ms.postproc.RewriteTensorize(vectorize_init_loop=True),
-                 ms.postproc.RewriteLayout()]
+                 ms.postproc.RewriteReductionBlock(), ms.postproc.RewriteTensorize(vectorize_init_loop=True)]
     return ms.space_generator.PostOrderApply(sch_rules=rules, postprocs=postprocs, mutator_probs="llvm")
 
 

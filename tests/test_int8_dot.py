@@ -1,0 +1,235 @@
+"""The x86 int8 path: graph pack's `x86` layout, the dot-product intrinsics, tensorized builds.
+
+A tuned build is a MetaSchedule schedule per task replayed from the database. These
+tests sample real schedules from the pipeline's design space (no measurements: that
+is the tuning tests' job) and build them through the build step, so they check what
+tuning would keep: the conv kernels tensorized with the CPU's instruction (read off the
+assembly), weights re-laid out once at build time, and every output bit-identical to the
+numpy integer emulation of the quantized network.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from int8_nets import Blocks, randomize, to_relax
+from torch import nn
+
+import tvm
+from tvm import relax
+from tvm.s_tir import meta_schedule as ms
+from tvm.target import codegen
+
+from vta_pipeline import emulate, int8_dot
+from vta_pipeline.build import LIB, build_network
+from vta_pipeline.passes.graph import op_sequence
+from vta_pipeline.passes.graph_pack import PackError, PackParams, graph_pack
+from vta_pipeline.passes.quantize import QuantizeParams, quantize
+from vta_pipeline.relax_pipeline import lower_for_tuning
+
+HERE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # AVX2 (what CI and this machine run)
+CASCADELAKE = {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}  # AVX512-VNNI: compiled, not run
+host_has_avx2 = bool(codegen.target_has_features(
+    ["avx2"], tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})))
+
+
+class Signed(nn.Module):
+    """c2 reads c1's output without a ReLU: its input can be negative and must stay int8."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.c1 = nn.Conv2d(16, 32, 3, padding=1)
+        self.c2 = nn.Conv2d(32, 16, 1)
+
+    def forward(self, x):
+        x = nn.functional.max_pool2d(torch.relu(self.stem(x)), 2)
+        return torch.relu(self.c2(self.c1(x)))
+
+
+def quantized(model: nn.Module, seed: int = 0):
+    x = np.random.default_rng(seed).standard_normal((1, 3, 16, 16)).astype("float32")
+    q, _ = quantize(to_relax(randomize(model, seed), x), QuantizeParams())
+    return q, x
+
+
+@pytest.fixture(scope="module")
+def blocks():
+    return quantized(Blocks())
+
+
+def packed_convs(mod):
+    return [o for o in op_sequence(mod) if o.name == "nn.conv2d" and str(o.call.attrs.data_layout) != "NCHW"]
+
+
+def sampled_database(lowered, target_spec, work_dir, seed: int = 0) -> int:
+    """One schedule per tuning task, drawn from the pipeline's design space with its
+    postprocessors applied (what a tuning trial builds), committed as the best record."""
+    target = tvm.target.Target(target_spec)
+    int8_dot.register()
+    db = ms.database.JSONDatabase(work_dir=str(work_dir))
+    n = 0
+    for task in ms.relax_integration.extract_tasks(lowered, target):
+        wl = task.dispatched[0]
+        space = int8_dot.space_generator(target, wl)
+        ctx = ms.TuneContext(mod=wl, target=target, space_generator=space, task_name=task.task_name, rand_state=seed)
+        sch = ctx.generate_design_space()[0]
+        if not all(p.apply(sch) for p in ctx.space_generator.postprocs):
+            continue
+        db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(wl), [1e-3], target))
+        n += 1
+    return n
+
+
+def tuned_build(mod, target_spec, tmp_path):
+    """The build step on `mod` with a sampled database; returns (library path, scheduled functions)."""
+    lowered = lower_for_tuning(mod)
+    (tmp_path / "extract").mkdir()
+    (tmp_path / "extract" / "lowered.json").write_text(tvm.ir.save_json(lowered))
+    (tmp_path / "db").mkdir()
+    (tmp_path / "out").mkdir()
+    assert sampled_database(lowered, target_spec, tmp_path / "db") > 0
+    info = build_network(tmp_path / "extract", target_spec, tmp_path / "out", best_db_dir=tmp_path / "db")
+    return tmp_path / "out" / LIB, info
+
+
+def run_lib(lib_path, x) -> np.ndarray:
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib_path)), tvm.cpu())
+    return vm["main"](tvm.runtime.tensor(x)).numpy()
+
+
+# ---- graph pack's x86 layout ---------------------------------------------------------------------
+def test_x86_layout_packs_weights_for_the_dot_product_and_keeps_the_values(blocks):
+    q, x = blocks
+    vta, _ = graph_pack(q, PackParams(stop_name="nn.relu", stop_name_idx=4))
+    x86, rep = graph_pack(q, PackParams(stop_name="nn.relu", stop_name_idx=4, layout="x86"))
+    assert rep.layout == "x86" and rep.uint8_convs == 5
+    pairs = list(zip(packed_convs(vta), packed_convs(x86)))
+    regular = [(a, b) for a, b in pairs if int(a.call.attrs.groups) == 1]
+    assert len(regular) == 5
+    for a, b in regular:
+        assert (str(b.call.attrs.data_layout), str(b.call.attrs.kernel_layout)) == ("NCHW1n16c", "OIHW16o4i")
+        wv, wx = a.call.args[1].value.numpy(), b.call.args[1].value.numpy()  # (O/16, I/16, kh, kw, 16, 16) / (O/16, I/4, kh, kw, 16, 4)
+        o16, i16, kh, kw = wv.shape[:4]
+        assert wx.shape == (o16, i16 * 4, kh, kw, 16, 4)
+        oihw_v = wv.transpose(0, 4, 1, 5, 2, 3).reshape(o16 * 16, i16 * 16, kh, kw)
+        oihw_x = wx.transpose(0, 4, 1, 5, 2, 3).reshape(o16 * 16, i16 * 16, kh, kw)
+        assert np.array_equal(oihw_v, oihw_x)
+        assert str(b.call.args[0].ty.dtype) == "uint8"  # every conv input here follows a ReLU
+    depthwise = [b for a, b in pairs if int(a.call.attrs.groups) != 1]
+    assert depthwise and all(str(b.call.attrs.kernel_layout) == "OIHW16o" for b in depthwise)
+
+
+def test_uint8_only_where_the_input_is_provably_non_negative():
+    q, x = quantized(Signed())
+    packed, rep = graph_pack(q, PackParams(start_name="nn.max_pool2d", stop_name="nn.relu", stop_name_idx=1,
+                                           layout="x86"))
+    dtypes = [str(c.call.args[0].ty.dtype) for c in packed_convs(packed)]
+    assert dtypes == ["uint8", "int8"], dtypes  # c1 after max_pool(relu), c2 after c1 (signed)
+    assert rep.uint8_convs == 1
+    y_emu, _ = emulate.run(q, [x])
+    assert (y_emu.min(), y_emu.max()) != (0, 0)
+    from int8_nets import build_run
+
+    assert np.array_equal(build_run(packed, x), y_emu)
+
+
+def test_x86_layout_needs_a_channel_block_of_fours(blocks):
+    q, _ = blocks
+    with pytest.raises(PackError, match="cfactor=6 is not divisible by 4"):
+        graph_pack(q, PackParams(cfactor=6, layout="x86"))
+    with pytest.raises(PackError, match="pack layout 'arm'"):
+        graph_pack(q, PackParams(layout="arm"))
+
+
+# ---- the intrinsics ------------------------------------------------------------------------------
+@pytest.mark.parametrize("spec, expected", [
+    (HERE, int8_dot.AVX2),
+    ({"kind": "llvm", "mcpu": "haswell"}, int8_dot.AVX2),
+    ({"kind": "llvm", "mcpu": "skylake-avx512"}, int8_dot.AVX512),
+    (CASCADELAKE, int8_dot.VNNI),
+    ({"kind": "llvm", "mcpu": "sapphirerapids"}, int8_dot.VNNI),
+    ({"kind": "llvm", "mcpu": "cortex-a72", "mtriple": "aarch64-linux-gnu"}, None),
+    ({"kind": "llvm", "mcpu": "nehalem"}, None),  # SSE only: the default rules
+    ({"kind": "cuda", "arch": "sm_80"}, None),
+])
+def test_the_intrinsic_follows_the_cpu(spec, expected):
+    assert int8_dot.intrinsic_for(tvm.target.Target(spec)) == expected
+
+
+def test_only_uint8_by_int8_workloads_get_the_dot_product_rule(blocks):
+    q, _ = blocks
+    x86, _ = graph_pack(q, PackParams(stop_name="nn.relu", stop_name_idx=4, layout="x86"))
+    target = tvm.target.Target(HERE)
+    tasks = ms.relax_integration.extract_tasks(lower_for_tuning(x86), target)
+    spaces = [(int8_dot.space_generator(target, t.dispatched[0]), int(t.weight)) for t in tasks]
+    custom = [s for s, _ in spaces if s != "post-order-apply"]
+    # the five uint8 convs (two identical 1x1 ones share a task); the depthwise, the float stem
+    # and the elementwise functions keep the default rules
+    assert sum(w for s, w in spaces if s != "post-order-apply") == 5 and len(custom) == 4
+    rules = [type(r).__name__ for r in custom[0].sch_rules]
+    assert rules.index("MultiLevelTilingWithIntrin") < rules.index("MultiLevelTiling")
+
+
+# ---- tensorized builds ---------------------------------------------------------------------------
+@pytest.mark.parametrize("spec, instruction, absent", [
+    (HERE, "vpmaddubsw", "vpdpbusd"),
+    (CASCADELAKE, "vpdpbusd", "vpmaddubsw"),
+    ({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}, "vpmaddubsw", "vpdpbusd"),
+])
+def test_the_int8_convs_are_tensorized_with_the_cpus_dot_product(blocks, tmp_path, spec, instruction, absent):
+    q, _ = blocks
+    x86, _ = graph_pack(q, PackParams(stop_name="nn.relu", stop_name_idx=4, layout="x86"))
+    lib, info = tuned_build(x86, spec, tmp_path)
+    assert info["scheduled_functions"] >= 5
+    asm = _asm(spec, tmp_path)
+    assert asm.count(instruction) >= 5 and absent not in asm
+
+
+def _asm(spec, tmp_path) -> str:
+    """The assembly of the tuned module (the build step's own lowering, before export)."""
+    lowered = tvm.ir.load_json((tmp_path / "extract" / "lowered.json").read_text())
+    target = tvm.target.Target(spec)
+    int8_dot.register()
+    with target, ms.database.JSONDatabase(work_dir=str(tmp_path / "db")):
+        scheduled = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(lowered)
+    ex = tvm.compile(scheduled, target=target)
+    return ex.mod.imports[0].inspect_source("asm") if ex.mod.imports else ex.mod.inspect_source("asm")
+
+
+@pytest.mark.skipif(not host_has_avx2, reason="this CPU has no AVX2: the tensorized module cannot run here")
+def test_a_tensorized_build_is_bit_identical_to_the_emulation(blocks, tmp_path):
+    q, x = blocks
+    x86, _ = graph_pack(q, PackParams(stop_name="nn.relu", stop_name_idx=4, layout="x86"))
+    lib, _ = tuned_build(x86, HERE, tmp_path)
+    y_emu, _ = emulate.run(q, [x])
+    assert np.array_equal(run_lib(lib, x), y_emu)
+
+
+def test_tuned_weights_are_prepacked_once_at_build_time(tmp_path):
+    """fp32: the tuned kernels read weights in their own order, rewritten when the library is
+    built; `main` takes the input alone and calls no weight transform at run time."""
+    model = randomize(Blocks(), 1)
+    x = np.random.default_rng(1).standard_normal((1, 3, 16, 16)).astype("float32")
+    mod = to_relax(model, x)
+    lowered = lower_for_tuning(mod)
+    assert any(f.attrs and list(f.attrs.get("layout_free_buffers", [])) for _, f in lowered.functions.items()
+               if isinstance(f, tvm.tirx.PrimFunc))
+    (tmp_path / "db").mkdir()
+    sampled_database(lowered, HERE, tmp_path / "db", seed=3)
+    target = tvm.target.Target(HERE)
+    with target, ms.database.JSONDatabase(work_dir=str(tmp_path / "db")):
+        scheduled = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(lowered)
+    from vta_pipeline.relax_pipeline import prepack_weights
+
+    packed = prepack_weights(scheduled)
+    names = [gv.name_hint for gv in packed.functions]
+    assert any(n.endswith("_prepacked") for n in names), names  # a tuned kernel reads a rewritten weight
+    assert not any(n.endswith("_weight_prepack") for n in names), names  # folded into constants: gone
+    assert len(packed["main"].params) == 1
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x)).numpy()
+    ex = tvm.compile(packed, target=target)
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
