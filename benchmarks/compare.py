@@ -2,21 +2,25 @@
 
 Same machine, same thread count, batch 1, random weights (fixed seed). For each model:
 PyTorch eager fp32 (inference mode), ONNX Runtime fp32 (CPU provider), ONNX Runtime int8
-(static QDQ, uint8 activations x int8 weights, calibrated on random data); and TVM built by
-our pipeline (`vta-pipeline run`, the local RPC board on this CPU): untuned, tuned fp32,
-tuned int8 VTA-packed, each with the stated trial budget per task. The table gives median
-and p90 latency, the ratio to PyTorch eager, achieved GFLOP/s (the model's FLOPs over the
-median) and its share of this machine's peak, measured in the same run (a large fp32 GEMM
-and an int8 GEMM through torch).
+(static QDQ, uint8 activations x int8 weights per channel, calibrated on random data; its
+quantizer runs in its own pinned environment, see ort_quantize_requirements.txt); and TVM
+built by our pipeline (`vta-pipeline run`, the local RPC board on this CPU): untuned,
+tuned fp32, tuned int8 in the x86 dot-product layout (`--pack-layout x86`) and in VTA's
+layout, each with the stated trial budget per task and the board's reference check. The
+table gives median and p90 latency, the ratio to PyTorch eager, achieved GFLOP/s (the
+model's FLOPs as TVM counts them, over the median) and its share of this machine's peak,
+measured in the same run (a 2048^3 fp32 GEMM; the faster of torch._int_mm and ONNX
+Runtime's MatMulInteger for int8). Then where the tuned time goes (task latency x weight),
+the goals of issue 6 checked against the numbers, and the tuning cost: trials per minute
+of the pipeline vs a bare MetaSchedule `tune_tasks` loop over the same tasks and budget
+(the orchestration overhead), and the pipeline's throughput with one vs two local boards.
 
-Then the tuning cost: trials per minute of the pipeline vs a bare MetaSchedule
-`tune_tasks` loop over the same tasks and budget (the orchestration overhead), and the
-pipeline's measurement throughput with one vs two local boards.
+    uv run python benchmarks/compare.py                          # the README's table (budgets there)
+    uv run python benchmarks/compare.py --models resnet18 --trials 8,32 --skip-overhead   # a curve
 
-    uv run python benchmarks/compare.py                      # the README's table (~30 min here)
-    uv run python benchmarks/compare.py --models resnet18 --trials 4 --skip-overhead   # quicker
-
-Results: benchmarks/results/compare.json and compare.md.
+`--trials 8,32` tunes to 8 trials per task, builds and measures, then tunes on to 32 (from
+the same records) and measures again: latency vs trials. Results:
+benchmarks/results/compare.json and compare.md.
 """
 
 from __future__ import annotations
@@ -314,84 +318,100 @@ def main() -> None:
 
     t_start = time.time()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
-    meta = {"commit": commit.strip(), "threads": args.threads, "trials_per_task": args.trials,
+    meta = {"commit": commit.strip(), "threads": args.threads, "trials_per_task": args.trials, "runs": args.runs,
             "cpu": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M")}
     shutil.rmtree(args.store, ignore_errors=True)
-    peak = peaks(args.threads)
+    res: dict[str, Any] = {"meta": meta, "peak": peaks(args.threads), "rows": [], "pipeline_runs": {},
+                           "overhead": {}, "where_the_time_goes": {}}
+    peak, rows = res["peak"], res["rows"]
     print(f"peak: fp32 {peak['fp32_gflops']:.0f} GFLOP/s, int8 {peak.get('int8_gops') or 0:.0f} GOP/s", flush=True)
-    rows: list[dict[str, Any]] = []
-    runs_meta: dict[str, Any] = {}
-    where: dict[str, list[dict[str, Any]]] = {}
+    models = [m for m in args.models.split(",") if m]
+    budgets = [int(t) for t in args.trials.split(",")]
+    layouts = [x for x in args.int8_layouts.split(",") if x]
+    info: dict[str, dict[str, float]] = {}
+
+    def add(model: str, engine: str, s: dict[str, Any]) -> None:
+        rows.append({"model": model, "engine": engine, "gflop": info[model]["gflop"],
+                     "eager_ms": info[model]["eager_ms"], **s})
+        print(f"{model:<14} {engine:<52} {s['median_ms']:8.2f} ms", flush=True)
+        write(res, time.time() - t_start)  # a stopped run keeps what it measured
+
+    # The frameworks first (minutes), then TVM, most telling first: fp32 and the x86 int8
+    # layout for every model, the tuning cost, and VTA's layout last.
     with tempfile.TemporaryDirectory() as work:
-        for name in [m for m in args.models.split(",") if m]:
-            spec = MODELS[name]
-            gflop = model_gflop(args.store / name, name, "torchvision")
-            base = frameworks(name, spec["shape"], args.threads, args.runs, Path(work), args.seed)
-            eager = base["PyTorch eager fp32"]["median_ms"]
+        for name in models:
+            info[name] = {"gflop": model_gflop(args.store / f"{name}-fp32", name, "torchvision")}
+            base = frameworks(name, MODELS[name]["shape"], args.threads, args.runs, Path(work), args.seed)
+            info[name]["eager_ms"] = base["PyTorch eager fp32"]["median_ms"]
             for engine, s in base.items():
-                rows.append({"model": name, "engine": engine, "gflop": gflop, "eager_ms": eager, **s})
-                print(f"{name:<14} {engine:<32} {s['median_ms']:8.2f} ms", flush=True)
-            if args.skip_tvm:
-                continue
-            budgets = [int(t) for t in args.trials.split(",")]
-            for i, trials in enumerate(budgets):  # later budgets continue from the earlier records
-                fp = pipeline_run(name, "torchvision", args.store / name, trials, args.threads, args.runs, [],
-                                  task_filter="conv2d")
-                runs_meta[f"{name}/fp32/{trials}"] = {k: v for k, v in fp.items() if k != "result"}
-                where[f"{name} fp32"] = time_split(fp["result"])
-                evs = [("TVM untuned", fp["result"]["untuned"])] if i == 0 else []
-                evs.append((f"TVM tuned fp32 ({trials} trials/task)", fp["result"]["tuned"]))
-                for label, ev in evs:
-                    rows.append({"model": name, "engine": label, "gflop": gflop, "eager_ms": eager,
-                                 **evaluation_stats(ev)})
-                    print(f"{name:<14} {label:<44} {rows[-1]['median_ms']:8.2f} ms", flush=True)
-            for layout in [x for x in args.int8_layouts.split(",") if x]:
-                if name not in args.int8_models.split(","):
-                    continue
-                for trials in budgets:
-                    q = pipeline_run(name, "torchvision", args.store / f"{name}-{layout}", trials, args.threads,
-                                     args.runs, ["--vta", "--pack-layout", layout, *spec["int8"]])
-                    runs_meta[f"{name}/int8-{layout}/{trials}"] = {k: v for k, v in q.items() if k != "result"}
-                    where[f"{name} int8 {layout}"] = time_split(q["result"])
-                    label = f"{INT8_LAYOUTS[layout]} ({trials} trials/task)"
-                    rows.append({"model": name, "engine": label, "gflop": gflop, "eager_ms": eager,
-                                 **evaluation_stats(q["result"]["tuned"])})
-                    print(f"{name:<14} {label:<44} {rows[-1]['median_ms']:8.2f} ms", flush=True)
-
-    overhead: dict[str, Any] = {}
+                add(name, engine, s)
+    if args.skip_tvm:
+        return
+    int8_models = [m for m in models if m in args.int8_models.split(",")]
+    first = [(m, "fp32") for m in models] + [(m, "x86") for m in int8_models if "x86" in layouts]
+    for name, kind in first:
+        tvm_runs(args, res, name, kind, budgets, add)
     if not args.skip_overhead:
-        for servers in (1, 2):
-            st = args.store / f"overhead-{servers}"
-            r = pipeline_run(args.overhead_model, "builtin", st, args.overhead_trials, args.threads, 5, [],
-                             servers=servers, task_filter="conv2d")
-            overhead[f"pipeline, {servers} board(s)"] = {"tune_s": r["tune_s"], "trials": r["trials"],
-                                                        "trials_per_min": 60 * r["trials"] / r["tune_s"]}
-            print(f"pipeline {servers} board(s): {overhead[f'pipeline, {servers} board(s)']}", flush=True)
-        b = bare_loop(args.store / "overhead-2", args.overhead_trials, args.threads)
-        overhead["bare tune_tasks, 2 boards"] = {**b, "trials_per_min": 60 * b["trials"] / b["tune_s"]}
-        print(f"bare loop: {overhead['bare tune_tasks, 2 boards']}", flush=True)
+        overhead_runs(args, res)
+        write(res, time.time() - t_start)
+    for name in int8_models if "vta" in layouts else []:
+        tvm_runs(args, res, name, "vta", budgets, add)
+    print(write(res, time.time() - t_start))
 
-    meta["seconds"] = round(time.time() - t_start)
+
+def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int], add) -> None:
+    """The pipeline on one model: fp32 (conv2d tasks), or int8 in a pack layout (packed tasks)."""
+    extra = [] if kind == "fp32" else ["--vta", "--pack-layout", kind, *MODELS[name]["int8"]]
+    for j, trials in enumerate(budgets):  # later budgets continue from the earlier records
+        r = pipeline_run(name, "torchvision", args.store / f"{name}-{kind}", trials, args.threads, args.runs,
+                         extra, task_filter="conv2d" if kind == "fp32" else "auto")
+        res["pipeline_runs"][f"{name}/{kind}/{trials}"] = {k: v for k, v in r.items() if k != "result"}
+        res["where_the_time_goes"][f"{name} {'fp32' if kind == 'fp32' else 'int8 ' + kind}"] = time_split(r["result"])
+        if kind == "fp32" and j == 0:
+            add(name, "TVM untuned", evaluation_stats(r["result"]["untuned"]))
+        label = "TVM tuned fp32" if kind == "fp32" else INT8_LAYOUTS[kind]
+        add(name, f"{label} ({trials} trials/task)", evaluation_stats(r["result"]["tuned"]))
+
+
+def overhead_runs(args, res: dict[str, Any]) -> None:
+    """Tuning cost: the pipeline with one and two local boards, and a bare tune_tasks loop."""
+    overhead = res["overhead"]
+    for servers in (1, 2):
+        st = args.store / f"overhead-{servers}"
+        r = pipeline_run(args.overhead_model, "builtin", st, args.overhead_trials, args.threads, 5, [],
+                         servers=servers, task_filter="conv2d")
+        overhead[f"pipeline, {servers} board(s)"] = {"tune_s": r["tune_s"], "trials": r["trials"],
+                                                    "trials_per_min": 60 * r["trials"] / r["tune_s"]}
+        print(f"pipeline {servers} board(s): {overhead[f'pipeline, {servers} board(s)']}", flush=True)
+    b = bare_loop(args.store / "overhead-2", args.overhead_trials, args.threads)
+    overhead["bare tune_tasks, 2 boards"] = {**b, "trials_per_min": 60 * b["trials"] / b["tune_s"]}
+    print(f"bare loop: {overhead['bare tune_tasks, 2 boards']}", flush=True)
+
+
+def write(res: dict[str, Any], seconds: float) -> str:
+    """compare.json and compare.md from what has been measured so far; returns the markdown."""
+    meta, peak, rows, overhead, where = (res[k] for k in ("meta", "peak", "rows", "overhead", "where_the_time_goes"))
+    meta["seconds"] = round(seconds)
     OUT.mkdir(exist_ok=True)
-    (OUT / "compare.json").write_text(json.dumps(
-        {"meta": meta, "peak": peak, "rows": rows, "pipeline_runs": runs_meta, "overhead": overhead,
-         "where_the_time_goes": where}, indent=1))
+    (OUT / "compare.json").write_text(json.dumps(res, indent=1))
+    int8_src = ", ".join(f"{k} {v:.0f}" for k, v in peak["int8_sources"].items() if v)
     md = [f"Measured at commit {meta['commit']} on {meta['date']}: {meta['threads']} threads, batch 1, "
-          f"{args.runs} timed runs, TVM tuned with {args.trials} trials per task; peak fp32 "
-          f"{peak['fp32_gflops']:.0f} GFLOP/s, int8 {peak.get('int8_gops') or 0:.0f} GOP/s; "
-          f"the whole benchmark took {meta['seconds'] / 60:.1f} min.", "", table(rows, peak)]
+          f"{meta['runs']} timed runs, TVM tuned with {meta['trials_per_task']} trials per task; peak fp32 "
+          f"{peak['fp32_gflops']:.0f} GFLOP/s, int8 {peak.get('int8_gops') or 0:.0f} GOP/s ({int8_src}); "
+          f"the benchmark took {meta['seconds'] / 60:.1f} min.", "", table(rows, peak)]
     md += ["", *goals(rows, overhead)]
     for what, tasks in where.items():
         total = sum(t["ms_x_weight"] for t in tasks) or 1.0
-        md += ["", f"Where the time goes, {what} (best tuned latency x weight, top 5 of {len(tasks)} tasks):", "",
-               "| task | weight | best ms | ms x weight | share |", "|---|---|---|---|---|"]
+        md += ["", f"Where the time goes, {what} (best tuned latency x weight, top 5 of {len(tasks)} tuned tasks):",
+               "", "| task | weight | best ms | ms x weight | share |", "|---|---|---|---|---|"]
         md += [f"| {t['task'][:60]} | {t['weight']} | {t['best_ms']:.3f} | {t['ms_x_weight']:.3f} | "
                f"{100 * t['ms_x_weight'] / total:.0f}% |" for t in tasks[:5]]
     if overhead:
         md += ["", "| tuning | trials | tuning s | trials/min |", "|---|---|---|---|"]
         md += [f"| {k} | {v['trials']} | {v['tune_s']:.0f} | {v['trials_per_min']:.1f} |" for k, v in overhead.items()]
-    (OUT / "compare.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    text = "\n".join(md) + "\n"
+    (OUT / "compare.md").write_text(text)
+    return text
 
 
 if __name__ == "__main__":
