@@ -314,15 +314,23 @@ def main() -> None:
     ap.add_argument("--overhead-trials", type=int, default=8)
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--skip-tvm", action="store_true")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep results/compare.json and the store; measure only what is not in them yet")
     args = ap.parse_args()
 
     t_start = time.time()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
     meta = {"commit": commit.strip(), "threads": args.threads, "trials_per_task": args.trials, "runs": args.runs,
             "cpu": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M")}
-    shutil.rmtree(args.store, ignore_errors=True)
-    res: dict[str, Any] = {"meta": meta, "peak": peaks(args.threads), "rows": [], "pipeline_runs": {},
-                           "overhead": {}, "where_the_time_goes": {}}
+    previous = OUT / "compare.json"
+    if args.resume and previous.exists():
+        res: dict[str, Any] = json.loads(previous.read_text())
+        res["meta"].setdefault("resumed_at", []).append(meta["commit"])
+        t_start -= res["meta"].get("seconds", 0)
+    else:
+        shutil.rmtree(args.store, ignore_errors=True)
+        res = {"meta": meta, "peak": peaks(args.threads), "rows": [], "pipeline_runs": {},
+               "overhead": {}, "where_the_time_goes": {}}
     peak, rows = res["peak"], res["rows"]
     print(f"peak: fp32 {peak['fp32_gflops']:.0f} GFLOP/s, int8 {peak.get('int8_gops') or 0:.0f} GOP/s", flush=True)
     models = [m for m in args.models.split(",") if m]
@@ -340,6 +348,10 @@ def main() -> None:
     # layout for every model, the tuning cost, and VTA's layout last.
     with tempfile.TemporaryDirectory() as work:
         for name in models:
+            done = [r for r in rows if r["model"] == name]
+            if done:  # resumed
+                info[name] = {"gflop": done[0]["gflop"], "eager_ms": done[0]["eager_ms"]}
+                continue
             info[name] = {"gflop": model_gflop(args.store / f"{name}-fp32", name, "torchvision")}
             base = frameworks(name, MODELS[name]["shape"], args.threads, args.runs, Path(work), args.seed)
             info[name]["eager_ms"] = base["PyTorch eager fp32"]["median_ms"]
@@ -351,7 +363,7 @@ def main() -> None:
     first = [(m, "fp32") for m in models] + [(m, "x86") for m in int8_models if "x86" in layouts]
     for name, kind in first:
         tvm_runs(args, res, name, kind, budgets, add)
-    if not args.skip_overhead:
+    if not args.skip_overhead and not res["overhead"]:
         overhead_runs(args, res)
         write(res, time.time() - t_start)
     for name in int8_models if "vta" in layouts else []:
@@ -363,6 +375,8 @@ def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int]
     """The pipeline on one model: fp32 (conv2d tasks), or int8 in a pack layout (packed tasks)."""
     extra = [] if kind == "fp32" else ["--vta", "--pack-layout", kind, *MODELS[name]["int8"]]
     for j, trials in enumerate(budgets):  # later budgets continue from the earlier records
+        if f"{name}/{kind}/{trials}" in res["pipeline_runs"]:  # resumed
+            continue
         r = pipeline_run(name, "torchvision", args.store / f"{name}-{kind}", trials, args.threads, args.runs,
                          extra, task_filter="conv2d" if kind == "fp32" else "auto")
         res["pipeline_runs"][f"{name}/{kind}/{trials}"] = {k: v for k, v in r.items() if k != "result"}
