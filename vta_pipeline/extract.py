@@ -171,10 +171,15 @@ def load_tasks(extract_dir: Path) -> list[TaskInfo]:
 
 
 def select_tasks(tasks: list[TaskInfo], task_filter: str) -> list[TaskInfo]:
-    """The tasks to tune. `auto`: the packed conv2d tasks when the network is packed (the
-    VTA recipe kept only convs whose input has more than 4 dimensions), else all."""
+    """The tasks to tune. `auto`: the packed conv2d tasks when the network is packed for VTA
+    (the recipe kept only convs whose input has more than 4 dimensions: the rest ran on the
+    board's CPU), every conv2d when it is packed in the x86 layout (all of it runs on the
+    CPU: the float stem conv left untuned cost more than all the int8 convs together), else all."""
     if task_filter == "auto":
-        task_filter = "packed" if any(t.op.startswith("packed_") for t in tasks) else "all"
+        if any("dot_packed" in t.name for t in tasks):
+            task_filter = "conv2d"
+        else:
+            task_filter = "packed" if any(t.op.startswith("packed_") for t in tasks) else "all"
     if task_filter == "packed":
         return [t for t in tasks if t.op.startswith("packed_")]
     if task_filter == "conv2d":
