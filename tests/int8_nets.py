@@ -42,12 +42,14 @@ class Blocks(nn.Module):
         return torch.relu(self.dw(z))
 
 
-def to_relax(model: nn.Module, x: np.ndarray) -> tvm.IRModule:
-    """Export with weights as constants (what load_module gives the passes), BN folded."""
+def to_relax(model: nn.Module, x: np.ndarray, fold_bn: bool = True) -> tvm.IRModule:
+    """Export with weights as constants (what load_module gives the passes), BN folded
+    unless `fold_bn` is False."""
     model.eval()
     with torch.no_grad():
         ep = torch.export.export(model, (torch.from_numpy(x),))
-    return fold_batch_norm(from_exported_program(ep, unwrap_unit_return_tuple=True))
+    mod = from_exported_program(ep, unwrap_unit_return_tuple=True)
+    return fold_batch_norm(mod) if fold_bn else mod
 
 
 def randomize(model: nn.Module, seed: int) -> nn.Module:

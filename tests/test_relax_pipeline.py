@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from int8_nets import TARGET, Blocks, randomize
+from int8_nets import TARGET, Blocks, randomize, to_relax
 from torch import nn
 
 import tvm
 from tvm import relax
-from tvm.relax.frontend.torch import from_exported_program
 
 from vta_pipeline.passes.quantize import QuantizeParams, fold_batch_norm, quantize
 from vta_pipeline.relax_pipeline import lower_for_tuning
@@ -31,9 +30,8 @@ class Residual(nn.Module):
 
 
 def imported(model: nn.Module, x: np.ndarray) -> tvm.IRModule:
-    with torch.no_grad():
-        ep = torch.export.export(model.eval(), (torch.from_numpy(x),))
-    return from_exported_program(ep, unwrap_unit_return_tuple=True)
+    """The network as the importer gives it: batch norm still in."""
+    return to_relax(model, x, fold_bn=False)
 
 
 def prim_funcs(mod: tvm.IRModule) -> dict[str, tvm.tirx.PrimFunc]:

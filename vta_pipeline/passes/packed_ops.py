@@ -65,8 +65,9 @@ def _pad(data: te.Tensor, kh: int, kw: int, strides, padding):
     return pad, hs, ws, (h + pt + pb - kh) // hs + 1, (w + pl + pr - kw) // ws + 1
 
 
-def conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str) -> te.Tensor:
-    """VTA's conv2d_packed: data (N/b, C/c, H, W, b, c), kernel (O/c, C/c, kh, kw, c, c)."""
+def _packed_conv(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str, channel, name: str):
+    """The packed conv sum over (k_o, d_i, d_j, k_i); `channel(k_o, k_i, bi)` gives the data
+    block and lane the kernel's input-channel indices read."""
     nb, cb, h, w, bn, bc = (int(d) for d in data.shape)
     ob, icb, kh, kw, bo, bi = (int(d) for d in kernel.shape)
     pad, hs, ws, oh, ow = _pad(data, kh, kw, strides, padding)
@@ -74,39 +75,29 @@ def conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtyp
     d_i = te.reduce_axis((0, kh), name="d_i")
     d_j = te.reduce_axis((0, kw), name="d_j")
     k_i = te.reduce_axis((0, bi), name="k_i")
+    block, lane = channel(k_o, k_i, bc, bi)
     return te.compute(
         (nb, ob, oh, ow, bn, bo),
         lambda b_o, c_o, i, j, b_i, c_i: te.sum(
-            pad[b_o, k_o, i * hs + d_i, j * ws + d_j, b_i, k_i].astype(out_dtype)
+            pad[b_o, block, i * hs + d_i, j * ws + d_j, b_i, lane].astype(out_dtype)
             * kernel[c_o, k_o, d_i, d_j, c_i, k_i].astype(out_dtype),
             axis=[k_o, d_i, d_j, k_i],
         ),
-        name=PACKED_CONV,
-        tag=PACKED_CONV,
+        name=name,
+        tag=name,
     )
+
+
+def conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str) -> te.Tensor:
+    """VTA's conv2d_packed: data (N/b, C/c, H, W, b, c), kernel (O/c, C/c, kh, kw, c, c)."""
+    return _packed_conv(data, kernel, strides, padding, out_dtype, lambda k_o, k_i, bc, bi: (k_o, k_i), PACKED_CONV)
 
 
 def conv2d_dot_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str) -> te.Tensor:
     """Packed conv with dot-product weights: data (N/b, C/c, H, W, b, c), kernel
     (O/c, C/4, kh, kw, c, 4)."""
-    nb, cb, h, w, bn, bc = (int(d) for d in data.shape)
-    ob, ig, kh, kw, bo, bi = (int(d) for d in kernel.shape)
-    per_block = bc // bi
-    pad, hs, ws, oh, ow = _pad(data, kh, kw, strides, padding)
-    k_o = te.reduce_axis((0, ig), name="k_o")
-    d_i = te.reduce_axis((0, kh), name="d_i")
-    d_j = te.reduce_axis((0, kw), name="d_j")
-    k_i = te.reduce_axis((0, bi), name="k_i")
-    return te.compute(
-        (nb, ob, oh, ow, bn, bo),
-        lambda b_o, c_o, i, j, b_i, c_i: te.sum(
-            pad[b_o, k_o // per_block, i * hs + d_i, j * ws + d_j, b_i, (k_o % per_block) * bi + k_i].astype(out_dtype)
-            * kernel[c_o, k_o, d_i, d_j, c_i, k_i].astype(out_dtype),
-            axis=[k_o, d_i, d_j, k_i],
-        ),
-        name=DOT_CONV,
-        tag=DOT_CONV,
-    )
+    return _packed_conv(data, kernel, strides, padding, out_dtype,
+                        lambda k_o, k_i, bc, bi: (k_o // (bc // bi), (k_o % (bc // bi)) * bi + k_i), DOT_CONV)
 
 
 def depthwise_conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str) -> te.Tensor:
