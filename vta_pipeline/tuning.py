@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from . import int8_dot
+from . import int8_dot, pools
 from .config import MeasureConfig, TuneConfig
 from .errors import BoardError
 from .progress import publish
@@ -242,13 +242,41 @@ def _make_log_callback(work_dir: Path, task_name: str, progress: Callable[[dict[
 
 def _record_json(candidate, workload, run_secs, target) -> Any:
     from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule import _ffi_api
 
     try:
-        return ms.database.TuningRecord(candidate.sch.trace, workload, run_secs, target,
-                                        candidate.args_info).as_json()
-    except Exception:  # never lose the measurement over its record
-        log.debug("could not serialize a tuning record", exc_info=True)
+        rec = ms.database.TuningRecord(candidate.sch.trace, workload, run_secs, target, candidate.args_info)
+        return _plain_json(_ffi_api.TuningRecordAsJSON(rec))
+    except Exception:  # never lose the measurement over its record; but say so (warm starts need it)
+        log.warning("could not serialize a tuning record: the history keeps its latency but no warm-start seed",
+                    exc_info=True)
         return None
+
+
+def _plain_json(obj) -> Any:
+    """MetaSchedule's record JSON as plain Python values.
+
+    `TuningRecord.as_json` cannot do this for traces with a layout rewrite (weights packed
+    at build time): their `TransformLayout` steps carry an `IndexMap`, which we write the
+    way MetaSchedule's own JSON database does (TVM's JSON graph as a string), so that
+    `TuningRecord.from_json` replays it."""
+    import tvm
+    from tvm.tirx import FloatImm, IndexMap, IntImm
+    from tvm_ffi import Array, Map
+
+    if obj is None or isinstance(obj, int | float):
+        return obj
+    if isinstance(obj, IntImm | FloatImm):
+        return obj.value
+    if isinstance(obj, str):
+        return str(obj)
+    if isinstance(obj, IndexMap):
+        return tvm.ir.save_json(obj)
+    if isinstance(obj, Array):
+        return [_plain_json(i) for i in obj]
+    if isinstance(obj, Map):
+        return {_plain_json(k): _plain_json(v) for k, v in obj.items()}
+    raise TypeError(f"a tuning record holds a {type(obj).__name__}, which has no JSON form here")
 
 
 def seed_database(db, workload_mod, seeds: list[Any]) -> int:
@@ -274,44 +302,7 @@ def seed_database(db, workload_mod, seeds: list[Any]) -> int:
     return n
 
 
-# ---- the runner ----------------------------------------------------------------------------------
-def make_runner(board: BoardSpec, measure: MeasureConfig):
-    """MetaSchedule's RPCRunner with a client-side deadline on every measurement.
-
-    RPCRunner's worker pool has no timeout: a board that accepts a session and never
-    answers (frozen, hung driver), or a key whose boards are all gone (the tracker queues
-    the request forever), hangs tuning for good, and the finished measurements of that
-    batch are never written. Giving the pool a timeout makes TVM kill the stuck worker and
-    report "RPCRunner: Timeout" for that candidate; the tracker never hands the hung board
-    out again (it stays checked out), so tuning goes on with the others.
-    """
-    from tvm.s_tir import meta_schedule as ms
-    from tvm.support.popen_pool import PopenPoolExecutor
-
-    workers = max(1, board.num_boards)
-    runner = ms.runner.RPCRunner(
-        rpc_config=ms.runner.RPCConfig(
-            tracker_host=board.tracker_host,
-            tracker_port=board.tracker_port,
-            tracker_key=board.key,
-            session_timeout_sec=measure.timeout_s,
-        ),
-        evaluator_config=ms.runner.EvaluatorConfig(
-            number=measure.number,
-            repeat=measure.repeat,
-            min_repeat_ms=measure.min_repeat_ms,
-            enable_cpu_cache_flush=measure.enable_cpu_cache_flush,
-        ),
-        max_workers=workers,
-    )
-    runner.pool.shutdown()
-    runner.pool = PopenPoolExecutor(max_workers=workers, timeout=measure.timeout_s + WORKER_GRACE_S)
-    return runner
-
-
-WORKER_GRACE_S = 10  # a fresh runner worker imports TVM before it can start the session
-
-
+# ---- the default lowering, measured on the board ------------------------------------------------
 def measure_default(workload_mod, target, board: BoardSpec, measure: MeasureConfig,
                     builder_timeout_s: float, cross_compiler: str | None = None) -> tuple[float | None, str | None]:
     """Seconds the task's default lowering (no schedule) takes on the board, or (None, why).
@@ -322,17 +313,15 @@ def measure_default(workload_mod, target, board: BoardSpec, measure: MeasureConf
     """
     from tvm.s_tir import meta_schedule as ms
 
-    from .ms_build import make_builder
-
-    builder = make_builder(builder_timeout_s, max_workers=1, cross_compiler=cross_compiler)
-    (built,) = builder.build([ms.builder.BuilderInput(workload_mod, target)])
+    with pools.builder(builder_timeout_s, cross_compiler) as builder:
+        (built,) = builder.build([ms.builder.BuilderInput(workload_mod, target)])
     if built.error_msg:
         return None, f"build: {built.error_msg.strip().splitlines()[-1]}"
     args = ms.arg_info.ArgInfo.from_entry_func(workload_mod, remove_preproc=True)
-    runner = make_runner(BoardSpec(board.tracker_host, board.tracker_port, board.key, 1), measure)
     device = {"llvm": "cpu", "c": "cpu"}.get(target.kind.name, target.kind.name)
-    (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, device, args)])
-    res = future.result()
+    with pools.runner(board, measure) as runner:
+        (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, device, args)])
+        res = future.result()
     if res.error_msg:
         return None, f"run: {res.error_msg.strip().splitlines()[-1]}"
     return _mean_secs(res.run_secs), None
@@ -554,27 +543,27 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
             rand_state=tune.seed + done,  # a resumed run must not replay the same random stream
             num_threads="physical",
         )
-        from .ms_build import make_builder
-
         callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
         callbacks.append(_make_log_callback(work_dir, task_name, progress, done, tune.trials_per_task,
                                             ms.database.Workload(workload_mod), target, tune.session))
-        ms.tune_tasks(
-            tasks=[ctx],
-            task_weights=[1.0],
-            work_dir=str(work_dir),
-            max_trials_global=remaining,
-            num_trials_per_iter=min(tune.trials_per_batch, remaining),
-            builder=make_builder(tune.builder_timeout_s, cross_compiler=cross_compiler),
-            runner=make_runner(BoardSpec(board.tracker_host, board.tracker_port, board.key,
-                                         min(board.num_boards, n_boards)), measure),
-            database=db,
-            cost_model=ms.cost_model.CostModel.create(tune.cost_model, num_tuning_cores=1)
-            if tune.cost_model == "xgb"
-            else "random",
-            measure_callbacks=callbacks,
-            task_scheduler="round-robin",
-        )
+        boards_now = BoardSpec(board.tracker_host, board.tracker_port, board.key, min(board.num_boards, n_boards))
+        with pools.builder(tune.builder_timeout_s, cross_compiler) as builder, \
+                pools.runner(boards_now, measure) as runner:
+            ms.tune_tasks(
+                tasks=[ctx],
+                task_weights=[1.0],
+                work_dir=str(work_dir),
+                max_trials_global=remaining,
+                num_trials_per_iter=min(tune.trials_per_batch, remaining),
+                builder=builder,
+                runner=runner,
+                database=db,
+                cost_model=ms.cost_model.CostModel.create(tune.cost_model, num_tuning_cores=1)
+                if tune.cost_model == "xgb"
+                else "random",
+                measure_callbacks=callbacks,
+                task_scheduler="round-robin",
+            )
         if guard.stop_reason == "all-failed":
             lats, _, _ = _history(work_dir)
             valid = sum(v < FAILED for v in lats)

@@ -1,0 +1,186 @@
+"""Candidate builder and board runner pools shared by every task a process tunes.
+
+Why: a fresh MetaSchedule worker process imports TVM before it does anything (6-8 s of CPU
+on the 2-core machine we measure on). Stock `LocalBuilder` starts a new pool for every batch
+of candidates (and one more for its sanity check), `RPCRunner` one per runner. The pipeline
+tunes each task in its own `tune_tasks` call (one Prefect task per tuning task, so that each
+caches, retries and reports alone) and measures each task's default lowering besides: with
+stock pools that cost ~40 s of CPU per task, more than tuning a small task takes, and it was
+the bulk of the pipeline's overhead over a bare `tune_tasks` loop (benchmarks/compare.py).
+
+Here a process keeps one builder pool per (timeout, cross compiler) and one runner pool per
+(board, measure config); the tasks it tunes, concurrently from threads or one after the
+other, lease them. Builder workers are recycled after `BUILDS_PER_WORKER` builds (the stock
+builder restarts its pool because long-lived workers leak memory). Pools nobody leases are
+kept for reuse up to `IDLE_KEPT` of each kind, the oldest shut down beyond that (tests and
+the nightly flow start many local boards, each on its own port).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import MeasureConfig
+    from .tuning import BoardSpec
+
+BUILDS_PER_WORKER = 64
+IDLE_KEPT = 2
+WORKER_GRACE_S = 10  # a fresh runner worker imports TVM before it can start the session
+
+
+@dataclass
+class _Entry:
+    obj: Any
+    close: Callable[[], None]
+    users: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class _Shared:
+    """Objects built once per key and leased; idle ones beyond `IDLE_KEPT` are closed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[Hashable, _Entry] = {}
+
+    @contextlib.contextmanager
+    def lease(self, key: Hashable, make: Callable[[], tuple[Any, Callable[[], None]]]) -> Iterator[Any]:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                obj, close = make()
+                entry = self._entries[key] = _Entry(obj, close)
+            entry.users += 1
+        try:
+            yield entry.obj
+        finally:
+            with self._lock:
+                entry.users -= 1
+                entry.last_used = time.monotonic()
+                idle = sorted((e.last_used, k) for k, e in self._entries.items() if e.users == 0)
+                doomed = [self._entries.pop(k) for _, k in idle[: max(0, len(idle) - IDLE_KEPT)]]
+            for e in doomed:
+                e.close()
+
+    def close_all(self) -> None:
+        with self._lock:
+            entries, self._entries = list(self._entries.values()), {}
+        for e in entries:
+            e.close()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_builders = _Shared()
+_runners = _Shared()
+
+
+def close_all() -> None:
+    """Shut every idle and leased pool down (end of a process, tests)."""
+    _builders.close_all()
+    _runners.close_all()
+
+
+def pool_counts() -> dict[str, int]:
+    return {"builders": len(_builders), "runners": len(_runners)}
+
+
+# ---- builder ---------------------------------------------------------------------------------------
+def _make_shared_builder(timeout_s: float, cross_compiler: str | None, workers: int):
+    import functools
+
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
+    from tvm.s_tir.meta_schedule.builder.local_builder import _worker_func
+    from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
+
+    from .ms_build import cross_export, fast_build
+
+    f_export = functools.partial(cross_export, cross_compiler) if cross_compiler else None
+    pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s, maximum_process_uses=BUILDS_PER_WORKER)
+
+    @derived_object
+    class SharedBuilder(PyBuilder):
+        """LocalBuilder's build, on a pool that outlives the batch."""
+
+        def build(self, build_inputs):
+            out = []
+            jobs = [(fast_build, f_export, b.mod, b.target, None) for b in build_inputs]
+            for r in pool.map_with_error_catching(lambda x: _worker_func(*x), jobs):
+                if r.status == StatusKind.COMPLETE:
+                    out.append(BuilderResult(r.value, None))
+                elif r.status == StatusKind.TIMEOUT:
+                    out.append(BuilderResult(None, f"LocalBuilder: Timeout, killed after {timeout_s} seconds"))
+                else:
+                    out.append(BuilderResult(None, f"LocalBuilder: An exception occurred\n{r.value}"))
+            return out
+
+    return SharedBuilder(), pool.shutdown
+
+
+@contextlib.contextmanager
+def builder(timeout_s: float, cross_compiler: str | None = None, workers: int | None = None) -> Iterator[Any]:
+    """Lease this process's candidate builder (a MetaSchedule Builder) for these settings."""
+    import os
+
+    workers = workers or os.cpu_count() or 1
+    key = (float(timeout_s), cross_compiler, workers)
+    with _builders.lease(key, lambda: _make_shared_builder(timeout_s, cross_compiler, workers)) as b:
+        yield b
+
+
+# ---- runner ----------------------------------------------------------------------------------------
+def make_runner(board: BoardSpec, measure: MeasureConfig):
+    """MetaSchedule's RPCRunner with a client-side deadline on every measurement.
+
+    RPCRunner's worker pool has no timeout: a board that accepts a session and never
+    answers (frozen, hung driver), or a key whose boards are all gone (the tracker queues
+    the request forever), hangs tuning for good, and the finished measurements of that
+    batch are never written. Giving the pool a timeout makes TVM kill the stuck worker and
+    report "RPCRunner: Timeout" for that candidate; the tracker never hands the hung board
+    out again (it stays checked out), so tuning goes on with the others.
+    """
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.support.popen_pool import PopenPoolExecutor
+
+    workers = max(1, board.num_boards)
+    runner = ms.runner.RPCRunner(
+        rpc_config=ms.runner.RPCConfig(
+            tracker_host=board.tracker_host,
+            tracker_port=board.tracker_port,
+            tracker_key=board.key,
+            session_timeout_sec=measure.timeout_s,
+        ),
+        evaluator_config=ms.runner.EvaluatorConfig(
+            number=measure.number,
+            repeat=measure.repeat,
+            min_repeat_ms=measure.min_repeat_ms,
+            enable_cpu_cache_flush=measure.enable_cpu_cache_flush,
+        ),
+        max_workers=workers,
+    )
+    runner.pool.shutdown()
+    runner.pool = PopenPoolExecutor(max_workers=workers, timeout=measure.timeout_s + WORKER_GRACE_S)
+    return runner
+
+
+@contextlib.contextmanager
+def runner(board: BoardSpec, measure: MeasureConfig) -> Iterator[Any]:
+    """Lease this process's runner for a board (tracker, key, worker count) and measure config."""
+    key = (board.tracker_host, board.tracker_port, board.key, max(1, board.num_boards),
+           measure.number, measure.repeat, measure.min_repeat_ms, measure.enable_cpu_cache_flush,
+           measure.timeout_s)
+
+    def make():
+        r = make_runner(board, measure)
+        return r, r.pool.shutdown
+
+    with _runners.lease(key, make) as r:
+        yield r
