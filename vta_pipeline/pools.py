@@ -18,6 +18,7 @@ the nightly flow start many local boards, each on its own port).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import threading
 import time
@@ -86,6 +87,9 @@ def close_all() -> None:
     """Shut every idle and leased pool down (end of a process, tests)."""
     _builders.close_all()
     _runners.close_all()
+
+
+atexit.register(close_all)  # before interpreter teardown, where the pools' own __del__ fails noisily
 
 
 def pool_counts() -> dict[str, int]:

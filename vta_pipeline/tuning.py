@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from . import int8_dot, pools
+from . import int8_dot, intrin_registry, pools
 from .config import MeasureConfig, TuneConfig
 from .errors import BoardError
 from .progress import publish
@@ -534,6 +534,7 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
             best0=best0,
             since_best0=since0,
         )
+        intrin_registry.load()  # what TuneContext imports, without its minute of inspect.stack() scans
         ctx = ms.TuneContext(
             mod=workload_mod,
             target=target,
