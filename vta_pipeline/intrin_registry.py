@@ -13,10 +13,8 @@ mapped to their modules (the answer the scan finds, or would, for those frames).
 from __future__ import annotations
 
 import inspect
-import threading
 
 _FROZEN = ("importlib._bootstrap", "importlib._bootstrap_external")
-_lock = threading.Lock()
 
 
 def map_frozen_importlib_frames() -> None:
@@ -26,7 +24,7 @@ def map_frozen_importlib_frames() -> None:
 
 
 def load() -> None:
-    """Import `tvm.s_tir.tensor_intrin` (once per process) with the frames mapped first."""
-    with _lock:
-        map_frozen_importlib_frames()
-        import tvm.s_tir.tensor_intrin  # noqa: F401  (registers the intrinsics)
+    """Import `tvm.s_tir.tensor_intrin` (once per process: Python's import lock serializes
+    threads) with the frames mapped first."""
+    map_frozen_importlib_frames()
+    import tvm.s_tir.tensor_intrin  # noqa: F401  (registers the intrinsics)

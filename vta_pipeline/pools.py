@@ -178,9 +178,7 @@ def make_runner(board: BoardSpec, measure: MeasureConfig):
 @contextlib.contextmanager
 def runner(board: BoardSpec, measure: MeasureConfig) -> Iterator[Any]:
     """Lease this process's runner for a board (tracker, key, worker count) and measure config."""
-    key = (board.tracker_host, board.tracker_port, board.key, max(1, board.num_boards),
-           measure.number, measure.repeat, measure.min_repeat_ms, measure.enable_cpu_cache_flush,
-           measure.timeout_s)
+    key = (board.tracker_host, board.tracker_port, board.key, max(1, board.num_boards), measure.model_dump_json())
 
     def make():
         r = make_runner(board, measure)
