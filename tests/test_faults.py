@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -94,6 +95,38 @@ def test_hung_board_times_out_and_is_not_used_again(micronet, host_target, tmp_p
     errors = [row["error"] for row in read_trials(work) if row["error"]]
     assert r.valid == 8
     assert 1 <= len(errors) <= 2 and all("Timeout" in e for e in errors)
+
+
+# ---- 3b. a tracker that stalls is busy, not down -------------------------------------------------
+def test_a_stalled_tracker_with_a_full_accept_queue_is_waited_for_not_reported_down():
+    """TVM's tracker listens with a backlog of 1: while it stalls, the kernel drops new handshakes
+    and resends them after 1 s, 3 s. A CI run lost a tuning task to "no RPC tracker answers" this way."""
+    from vta_pipeline.boards import port_open
+
+    with LocalBoard(key="stall", num_servers=1) as b:
+        tracker = b.procs[0]
+        _kill(tracker, signal.SIGSTOP)
+        held = []
+        try:
+            while len(held) < 8:  # fill the accept queue: then handshakes are dropped, not refused
+                try:
+                    held.append(socket.create_connection((b.host, b.port), timeout=0.5))
+                except TimeoutError:
+                    break
+            assert len(held) < 8, "the tracker's accept queue never filled"
+            assert not port_open(b.host, b.port, 1.0)  # the stall the 1 s check used to call "down"
+            threading.Timer(2.0, _kill, (tracker, signal.SIGCONT)).start()
+            t0 = time.monotonic()
+            assert count_servers(b.host, b.port, "stall") == 1
+            assert time.monotonic() - t0 >= 1.0  # it did wait out the stall
+        finally:
+            _kill(tracker, signal.SIGCONT)
+            for s in held:
+                s.close()
+    with pytest.raises(BoardError, match="no RPC tracker answers"):  # a tracker that is gone: at once
+        t0 = time.monotonic()
+        count_servers(b.host, b.port, "stall")
+    assert time.monotonic() - t0 < 5
 
 
 # ---- 6. a broken setup stops at once with the board's messages ---------------------------------

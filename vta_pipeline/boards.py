@@ -37,11 +37,22 @@ def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
         return False
 
 
-def tracker_summary(host: str, port: int) -> dict[str, Any]:
+TRACKER_CONNECT_TIMEOUT_S = 10.0
+"""How long a tracker's TCP handshake may take before we call the tracker down.
+
+TVM's tracker listens with a backlog of 1: while its event loop is busy (tuning workers
+and rpc_servers all talk to it) or its host is CPU-starved, the kernel's accept queue
+holds two connections and drops further SYNs, which the client resends after 1 s, 3 s,
+7 s. A 1 s limit turned such a stall into "no tracker" in the middle of a tuning run.
+A tracker that is really gone refuses the connection at once, so this costs nothing there.
+"""
+
+
+def tracker_summary(host: str, port: int, connect_timeout_s: float = TRACKER_CONNECT_TIMEOUT_S) -> dict[str, Any]:
     """What `python -m tvm.exec.query_rpc_tracker` shows, as a dict."""
     from tvm import rpc
 
-    if not port_open(host, port):
+    if not port_open(host, port, connect_timeout_s):
         raise BoardError(tracker_down_message(host, port))
     return rpc.connect_tracker(host, port).summary()
 
