@@ -19,8 +19,10 @@ of the pipeline vs a bare MetaSchedule `tune_tasks` loop over the same tasks and
     uv run python benchmarks/compare.py --models resnet18 --trials 8,32 --skip-overhead   # a curve
 
 `--trials 8,32` tunes to 8 trials per task, builds and measures, then tunes on to 32 (from
-the same records) and measures again: latency vs trials. Results:
-benchmarks/results/compare.json and compare.md.
+the same records) and measures again. Every run also gives the latency-vs-trials curve up to
+its budget, estimated from the tasks' best-so-far curves and anchored at the measured
+latency, with the budget at which it meets ONNX Runtime (or an extrapolation). Results:
+benchmarks/results/compare.json, compare.md and latency_vs_trials.png.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ MODELS = {
                      "int8": ["--pack-start", "nn.conv2d", "--pack-start-idx", "9", "--calibrate-mode", "max"]},
 }
 BARE = "bare tune_tasks, 2 boards"
-BARE_OUR_POOLS = "bare tune_tasks, 2 boards, our pools"
+BARE_OUR_POOLS = "bare tune_tasks, 2 boards, our pools and population"
 INT8_LAYOUTS = {"x86": "TVM tuned int8, x86 dot-product layout", "vta": "TVM tuned int8, VTA-packed layout"}
 
 
@@ -250,13 +252,102 @@ def time_split(result: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: -r["ms_x_weight"])
 
 
+def estimated_curve(result: dict[str, Any], measured_ms: float) -> list[list[float]]:
+    """Network latency vs trials per task, from one pipeline run's per-task tuning curves.
+
+    Each tuned task contributes weight x the latency the build would use after n trials
+    (its best so far, or its default lowering when that is faster, as pick best decides);
+    the sum is anchored at the network latency measured after the last trial, so the
+    untuned tasks and the glue between kernels are counted as measured. Best-so-far at n
+    is what a run with a budget of n would have found with the same seed (the search does
+    not look ahead), so one deep run gives the whole curve."""
+    tasks = [t for t in result["tasks"] if t.get("curve")]
+    if not tasks:
+        return []
+    n_max = max(len(t["curve"]) for t in tasks)
+
+    def used(t: dict[str, Any], n: int) -> float:
+        curve = t["curve"]
+        best = curve[min(n, len(curve)) - 1][1] if n >= 1 else None
+        options = [v for v in (best, t.get("default_ms")) if v]
+        return min(options) if options else 0.0
+
+    final = sum(int(t.get("weight", 1)) * used(t, n_max) for t in tasks)
+    return [[n, measured_ms + sum(int(t.get("weight", 1)) * used(t, n) for t in tasks) - final]
+            for n in range(1, n_max + 1)]
+
+
+def budget_to_reach(curve: list[list[float]], target_ms: float) -> str:
+    """Where the curve meets `target_ms`, or an extrapolation from its last doubling of trials
+    (latency shrinking by the same factor per doubling): a rough guide, marked as such."""
+    hit = next((n for n, ms in curve if ms < target_ms), None)
+    if hit is not None:
+        return f"reached at {hit} trials/task"
+    n = len(curve)
+    if n < 4:
+        return "not reached (curve too short to extrapolate)"
+    last, half = curve[-1][1], curve[n // 2 - 1][1]
+    if last >= half:
+        return f"not reached by {n} trials/task, and the last doubling gained nothing"
+    doublings = np.log(target_ms / last) / np.log(last / half)
+    return (f"not reached by {n} trials/task; at the last doubling's rate ({100 * (1 - last / half):.0f}% less per "
+            f"doubling) about {int(n * 2 ** doublings):,} trials/task (extrapolated)")
+
+
+def curve_plot(curves: dict[str, Any], refs: dict[str, float], path: Path) -> None:
+    """latency_vs_trials.png: the estimated curves, the measured points, the reference engines."""
+    from vta_pipeline import plots  # noqa: F401  (selects matplotlib's Agg backend)
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, (label, c) in enumerate(curves.items()):
+        color = f"C{i}"
+        if c["estimated"]:
+            ax.step(*zip(*c["estimated"]), where="post", color=color, label=f"{label} (estimated from task curves)")
+        ax.plot(*zip(*c["measured"]), "o", color=color, label=f"{label} (measured)")
+    for j, (label, ms) in enumerate(refs.items()):
+        ax.axhline(ms, linestyle="--", color=f"C{len(curves) + j}", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(ScalarFormatter())
+    ax.set_xlabel("trials per task")
+    ax.set_ylabel("network latency, ms (median)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def curve_tables(res: dict[str, Any]) -> list[str]:
+    rows, curves = res["rows"], res.get("curves", {})
+    if not curves:
+        return []
+    md = ["", "Latency vs trials per task (estimated from the per-task tuning curves, anchored at the measured "
+          "network latency; measured points marked *); plot: latency_vs_trials.png", ""]
+    for label, c in curves.items():
+        model, kind = label.split(" ", 1)
+        ref_engine = "ONNX Runtime fp32" if kind == "fp32" else "ONNX Runtime int8"
+        ref = next((r["median_ms"] for r in rows if r["model"] == model and r["engine"].startswith(ref_engine)), None)
+        measured = {int(n): ms for n, ms in c["measured"]}
+        points = sorted({n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n <= len(c["estimated"])} | set(measured))
+        est = dict((int(n), ms) for n, ms in c["estimated"])
+        cells = [f"{measured[n]:.1f}*" if n in measured else f"{est[n]:.1f}" for n in points if n in est or n in measured]
+        md += [f"- {label}: " + ", ".join(f"{n}: {v}" for n, v in zip(points, cells)) + " ms"
+               + (f"; {ref_engine} {ref:.2f} ms: {budget_to_reach(c['estimated'], ref)}" if ref and c["estimated"]
+                  else "")]
+    return md
+
+
 # ---- orchestration overhead ---------------------------------------------------------------------
 def bare_loop(store: Path, trials: int, threads: int, our_pools: bool = False) -> dict[str, float]:
     """The same tasks and budget through a plain MetaSchedule tune_tasks call: no store, no
     Prefect, no records of our own, on a fresh local board with two servers.
 
-    `our_pools`: with the pipeline's builder/runner pools and intrinsic-registry import instead
-    of MetaSchedule's stock ones, so that the difference to the pipeline is its orchestration
+    `our_pools`: with the pipeline's builder/runner pools, intrinsic-registry import and
+    search population (sized to the round) instead of MetaSchedule's stock ones, so that the difference to the pipeline is its orchestration
     alone (Prefect, the store, one tune_tasks per task, the default-lowering measurement)."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
@@ -268,7 +359,7 @@ def bare_loop(store: Path, trials: int, threads: int, our_pools: bool = False) -
     from vta_pipeline.ms_build import make_builder
     from vta_pipeline.store import ArtifactStore
     from vta_pipeline.targets import resolve_target
-    from vta_pipeline.tuning import BoardSpec
+    from vta_pipeline.tuning import BoardSpec, population_size
 
     st = ArtifactStore(store)
     extracted = st.find("extract")[0]
@@ -282,7 +373,9 @@ def bare_loop(store: Path, trials: int, threads: int, our_pools: bool = False) -
         if our_pools:
             intrin_registry.load()
         ctxs = [ms.TuneContext(mod=tvm.ir.load_json((extracted.path / t.file).read_text()), target=target,
-                               space_generator="post-order-apply", search_strategy="evolutionary",
+                               space_generator="post-order-apply",
+                               search_strategy=ms.search_strategy.EvolutionarySearch(
+                                   population_size=population_size(min(trials, 8))) if our_pools else "evolutionary",
                                task_name=t.name, num_threads="physical") for t in tasks]
         with contextlib.ExitStack() as stack:
             if our_pools:
@@ -375,7 +468,7 @@ def main() -> None:
             if done:  # resumed
                 info[name] = {"gflop": done[0]["gflop"], "eager_ms": done[0]["eager_ms"]}
                 continue
-            info[name] = {"gflop": model_gflop(args.store / f"{name}-fp32", name, "torchvision")}
+            info[name] = {"gflop": model_gflop(args.store / "pipeline", name, "torchvision")}
             base = frameworks(name, MODELS[name]["shape"], args.threads, args.runs, Path(work), args.seed)
             info[name]["eager_ms"] = base["PyTorch eager fp32"]["median_ms"]
             for engine, s in base.items():
@@ -395,19 +488,29 @@ def main() -> None:
 
 
 def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int], add) -> None:
-    """The pipeline on one model: fp32 (conv2d tasks), or int8 in a pack layout (packed tasks)."""
+    """The pipeline on one model: fp32 (conv2d tasks), or int8 in a pack layout (packed tasks).
+
+    Every model and variant is tuned into one store, as a user tuning several networks for
+    one board keeps one: a workload two of them share (resnet18's float stem conv, in fp32
+    and in int8) is tuned once, and the cost model learns from all of them. Each task still
+    gets exactly the stated number of its own trials."""
     extra = [] if kind == "fp32" else ["--vta", "--pack-layout", kind, *MODELS[name]["int8"]]
     for j, trials in enumerate(budgets):  # later budgets continue from the earlier records
         if f"{name}/{kind}/{trials}" in res["pipeline_runs"]:  # resumed
             continue
-        r = pipeline_run(name, "torchvision", args.store / f"{name}-{kind}", trials, args.threads, args.runs,
+        r = pipeline_run(name, "torchvision", args.store / "pipeline", trials, args.threads, args.runs,
                          extra, task_filter="conv2d" if kind == "fp32" else "auto")
         res["pipeline_runs"][f"{name}/{kind}/{trials}"] = {k: v for k, v in r.items() if k != "result"}
         res["where_the_time_goes"][f"{name} {'fp32' if kind == 'fp32' else 'int8 ' + kind}"] = time_split(r["result"])
         if kind == "fp32" and j == 0:
             add(name, "TVM untuned", evaluation_stats(r["result"]["untuned"]))
         label = "TVM tuned fp32" if kind == "fp32" else INT8_LAYOUTS[kind]
-        add(name, f"{label} ({trials} trials/task)", evaluation_stats(r["result"]["tuned"]))
+        tuned = evaluation_stats(r["result"]["tuned"])
+        curve = res.setdefault("curves", {}).setdefault(f"{name} {'fp32' if kind == 'fp32' else 'int8 ' + kind}",
+                                                         {"measured": [], "estimated": []})
+        curve["measured"].append([trials, tuned["median_ms"]])
+        curve["estimated"] = estimated_curve(r["result"], tuned["median_ms"])
+        add(name, f"{label} ({trials} trials/task)", tuned)
 
 
 def overhead_runs(args, res: dict[str, Any]) -> None:
@@ -444,6 +547,11 @@ def write(res: dict[str, Any], seconds: float, out: Path = OUT) -> str:
           f"{peak['fp32_gflops']:.0f} GFLOP/s, int8 {peak.get('int8_gops') or 0:.0f} GOP/s ({int8_src}); "
           f"the benchmark took {meta['seconds'] / 60:.1f} min.", "", table(rows, peak)]
     md += ["", *goals(rows, overhead)]
+    md += curve_tables(res)
+    if res.get("curves"):
+        refs = {f"{m} {e}": r["median_ms"] for r in rows for m, e in [(r["model"], r["engine"])]
+                if e.startswith("ONNX Runtime") and any(k.startswith(m + " ") for k in res["curves"])}
+        curve_plot(res["curves"], refs, out / "latency_vs_trials.png")
     for what, tasks in where.items():
         total = sum(t["ms_x_weight"] for t in tasks) or 1.0
         md += ["", f"Where the time goes, {what} (best tuned latency x weight, top 5 of {len(tasks)} tuned tasks):",

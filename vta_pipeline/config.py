@@ -53,7 +53,9 @@ class ModelConfig(_Strict):
 class TuneConfig(_Strict):
     trials_per_task: int = Field(16, gt=0, description="Measured trials per tuning task.")
     trials_per_batch: int = Field(8, gt=0, description="Candidates measured per search round.")
-    cost_model: Literal["xgb", "random"] = Field("xgb", description="MetaSchedule cost model.")
+    cost_model: Literal["xgb", "random"] = Field(
+        "xgb", description="MetaSchedule cost model: xgb is one XGBoost model per target and board key, shared by "
+        "all tasks and trained on every record in the store (vta_pipeline.cost_model); random scores at random.")
     search: Literal["evolutionary", "replay-trace"] = Field("evolutionary", description="Search strategy.")
     early_stopping: int | None = Field(
         None, gt=0, description="Stop a task after this many trials without improvement."
