@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 STEP = "tune"
 VERSION = 2
 FAILED = 1e10  # what MetaSchedule stores as the latency of a failed measurement
+HASH_MASK = 0xFFFFFFFFFFFFFFFF  # schedule hashes as unsigned 64-bit, as the trial log writes them
 
 
 @dataclass
@@ -163,7 +164,7 @@ def _make_guarded_search(inner, *, known_hashes: set[int], early_stopping: int |
                     return None
                 fresh, seen = [], set()
                 for c in cands:
-                    h = structural_hash(c.sch.mod)
+                    h = structural_hash(c.sch.mod) & HASH_MASK
                     if h in self.known or h in seen:
                         continue
                     seen.add(h)
@@ -176,7 +177,7 @@ def _make_guarded_search(inner, *, known_hashes: set[int], early_stopping: int |
 
         def notify_runner_results(self, measure_candidates, results) -> None:
             for c, r in zip(measure_candidates, results):
-                self.known.add(structural_hash(c.sch.mod))
+                self.known.add(structural_hash(c.sch.mod) & HASH_MASK)
                 secs = _mean_secs(r.run_secs) if r.error_msg is None else FAILED
                 if secs >= FAILED:
                     self.run_failed += 1
@@ -229,7 +230,7 @@ def _make_log_callback(work_dir: Path, task_name: str, progress: Callable[[dict[
                     "trial": self.index, "t": round(now, 3), "task": task_name, "session": session,
                     "latency_ms": None if secs >= FAILED else secs * 1e3,
                     "error": None if err is None else ("build: " if b.error_msg else "run: ") + str(err).strip()[-1000:],
-                    "schedule_hash": f"{structural_hash(c.sch.mod) & 0xFFFFFFFFFFFFFFFF:016x}",
+                    "schedule_hash": f"{structural_hash(c.sch.mod) & HASH_MASK:016x}",
                     "record": None if secs >= FAILED else _record_json(c, workload, r.run_secs, target),
                 })
                 self.index += 1
@@ -396,17 +397,20 @@ def _records(db) -> list:
     return list(db.get_all_tuning_records())
 
 
-def _known_hashes(db, workload_mod) -> set[int]:
-    """Structural hashes of every schedule already measured for this workload."""
+def _known_hashes(db, workload_mod, work_dir: Path) -> set[int]:
+    """Structural hashes of every schedule already measured for this workload: the
+    database's records replayed, and every schedule our trial log holds (measured as
+    proposed, failed ones included: a record replayed from the database does not always
+    hash like the candidate that was measured, and a rerun must not measure it again)."""
     from tvm_ffi import structural_hash
     from tvm.s_tir import Schedule
 
-    out = set()
+    out = {int(r["schedule_hash"], 16) for r in read_trials(work_dir) if r.get("schedule_hash")}
     for rec in _records(db):
         try:
             sch = Schedule(workload_mod)
             rec.trace.apply_to_schedule(sch, remove_postproc=False)
-            out.add(structural_hash(sch.mod))
+            out.add(structural_hash(sch.mod) & HASH_MASK)
         except Exception:  # a trace that no longer replays: it cannot be proposed again either
             continue
     return out
@@ -541,7 +545,7 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
         )
         guard = _make_guarded_search(
             inner,
-            known_hashes=_known_hashes(db, workload_mod),
+            known_hashes=_known_hashes(db, workload_mod, work_dir),
             early_stopping=tune.early_stopping,
             fail_fast=max(2, min(tune.trials_per_batch, 8)),
             best0=best0,
