@@ -69,6 +69,11 @@ def _scope_for(scope_dir: Path, target) -> _Scope:
         return _scopes[key]
 
 
+def _record_line_count(work_dir: Path) -> int:
+    rec_file = work_dir / RECORDS
+    return len(rec_file.read_text().splitlines()) if rec_file.exists() else 0
+
+
 def _read_records(work_dir: Path, skip: int) -> tuple[list[tuple[Any, Any]], int]:
     """(workload, record) pairs after the first `skip` record lines, and the line count."""
     from tvm.s_tir import meta_schedule as ms
@@ -183,8 +188,8 @@ def lease(work_dir: Path, target) -> Iterator[Any]:
     finally:
         with scope.lock:
             scope.active.discard(work_dir.name)
-            _, n_lines = _read_records(work_dir, 1 << 62)  # this round's records came in through update()
-            scope.ingested[work_dir.name] = n_lines
+            # this round's records came in through update(): count them as read
+            scope.ingested[work_dir.name] = _record_line_count(work_dir)
 
 
 def samples(work_dir: Path, target) -> int:
