@@ -129,6 +129,20 @@ def test_a_stalled_tracker_with_a_full_accept_queue_is_waited_for_not_reported_d
     assert time.monotonic() - t0 < 5
 
 
+def test_a_stopped_board_leaves_no_process_and_no_listening_tracker():
+    """The tracker's socket lives in a child of `tvm.exec.rpc_tracker`: stopping the parent is not
+    enough. A CI run met a tracker that accepted after `stop()` returned, then reset the handshake."""
+    from vta_pipeline.boards import _group_alive, port_open
+
+    b = LocalBoard(key="gone", num_servers=1).start()
+    groups = [p.pid for p in b.procs]
+    b.stop()
+    assert not any(_group_alive(g) for g in groups)
+    assert not port_open(b.host, b.port, 1.0)
+    with pytest.raises(BoardError, match="no RPC tracker answers"):
+        count_servers(b.host, b.port, "gone")
+
+
 # ---- 6. a broken setup stops at once with the board's messages ---------------------------------
 def test_all_failing_measurements_stop_the_task_with_the_messages(micronet, host_target, tmp_path, board):
     _, extracted = micronet

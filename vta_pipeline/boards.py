@@ -54,7 +54,10 @@ def tracker_summary(host: str, port: int, connect_timeout_s: float = TRACKER_CON
 
     if not port_open(host, port, connect_timeout_s):
         raise BoardError(tracker_down_message(host, port))
-    return rpc.connect_tracker(host, port).summary()
+    try:
+        return rpc.connect_tracker(host, port).summary()
+    except (ConnectionError, EOFError) as e:  # it accepted, then went away: a tracker shutting down
+        raise BoardError(f"{tracker_down_message(host, port)} (it accepted the connection, then dropped it: {e})") from e
 
 
 def tracker_down_message(host: str, port: int) -> str:
@@ -165,6 +168,12 @@ class LocalBoard:
         return self.procs[1:]
 
     def stop(self) -> None:
+        """Stop every process of every group, not just the group leaders.
+
+        The tracker's listening socket lives in a child of `tvm.exec.rpc_tracker` (a PopenWorker),
+        which can outlive its parent by a moment: until it is gone the port still accepts, and a
+        caller that was told "stopped" would talk to a tracker that is dying.
+        """
         for p in reversed(self.procs):
             _terminate(p.pid)
         for p in self.procs:
@@ -173,6 +182,10 @@ class LocalBoard:
             except subprocess.TimeoutExpired:
                 _terminate(p.pid, signal.SIGKILL)
                 p.wait(timeout=5)
+        for p in self.procs:
+            if not _group_gone(p.pid, timeout_s=5.0):
+                _terminate(p.pid, signal.SIGKILL)
+                _group_gone(p.pid, timeout_s=5.0)
         self.procs.clear()
         if self.state_file and self.state_file.exists():
             self.state_file.unlink()
@@ -200,6 +213,39 @@ def _terminate(pid: int, sig: int = signal.SIGTERM) -> None:
             os.kill(pid, sig)
         except ProcessLookupError:
             pass
+
+
+def _group_gone(pgid: int, timeout_s: float) -> bool:
+    """Wait until no process is left in the process group `pgid`."""
+    deadline = time.monotonic() + timeout_s
+    while _group_alive(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a live (not zombie) process is in group `pgid`.
+
+    Zombies count as gone: an orphan's zombie waits for an init that may never reap it
+    (containers often run something else as pid 1), and it holds no socket.
+    """
+    proc = Path("/proc")
+    if not proc.is_dir():  # not Linux: the kernel's answer, zombies included
+        try:
+            os.killpg(pgid, 0)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited while we looked
+        if int(fields[2]) == pgid and fields[0] != "Z":  # after "comm)": state, ppid, pgrp
+            return True
+    return False
 
 
 def stop_from_state(state_file: Path) -> dict[str, Any] | None:
