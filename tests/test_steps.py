@@ -37,6 +37,18 @@ def test_pick_best_build_and_evaluate_on_the_board(micronet, tuned, board, host_
     assert ev.meta["mean_ms"] > 0 and ev.meta["board"].startswith(board.key)
 
 
+def test_a_slow_build_is_timed_within_the_evaluation_time_budget(micronet, tuned, board, host_target, session_store):
+    """A build slower than max_seconds / repeat per run is timed fewer times, never fewer than 3."""
+    fetched, extracted = micronet
+    lib = steps.build_step(session_store, extracted, None, host_target)
+    tight = steps.evaluate_step(session_store, lib, fetched, host_target, (board.host, board.port), board.key,
+                                EvalConfig(repeat=50, max_seconds=1e-6))
+    roomy = steps.evaluate_step(session_store, lib, fetched, host_target, (board.host, board.port), board.key,
+                                EvalConfig(repeat=5, max_seconds=60))
+    assert len(tight.meta["repeats"]) == 3 and len(roomy.meta["repeats"]) == 5
+    assert tight.meta["correct"] and roomy.meta["correct"]
+
+
 def test_evaluate_on_a_key_without_boards_fails_fast_and_names_the_key(micronet, tuned, board, host_target, session_store):
     fetched, extracted = micronet
     lib = steps.build_step(session_store, extracted, None, host_target)

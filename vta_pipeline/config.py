@@ -101,6 +101,10 @@ class MeasureConfig(_Strict):
 class EvalConfig(_Strict):
     number: int = Field(1, gt=0, description="Runs per timed repeat.")
     repeat: int = Field(10, gt=0, description="Timed repeats (mean/std/median over these).")
+    max_seconds: float = Field(
+        30.0, gt=0,
+        description="Time budget of the timed repeats: a build slower than max_seconds / repeat per run (an "
+                    "untuned network) is timed fewer times, never fewer than 3.")
     rtol: float = Field(1e-3, gt=0, description="Relative tolerance of the output check.")
     atol: float = Field(1e-3, gt=0, description="Absolute tolerance of the output check.")
 

@@ -19,7 +19,8 @@ import numpy as np
 from .errors import BoardError
 
 STEP = "evaluate"
-VERSION = 1
+VERSION = 2  # 2: repeats within a time budget
+MIN_REPEAT = 3
 
 
 @dataclass
@@ -39,6 +40,19 @@ class Evaluation:
         return asdict(self)
 
 
+def repeats_within(repeat: int, number: int, max_seconds: float | None, time_one_run) -> int:
+    """How many of the `repeat` timed repeats fit in `max_seconds` (at least MIN_REPEAT).
+
+    An untuned resnet18 runs 2 s per inference here: 30 repeats took a minute of every
+    run for a number nobody compares closely. `time_one_run()` (one more run: what a fast
+    build pays for the estimate) gives the seconds of one inference."""
+    if max_seconds is None or repeat <= MIN_REPEAT:
+        return repeat
+    per_run = float(time_one_run())
+    fit = int(max_seconds / max(per_run * number, 1e-9))
+    return max(MIN_REPEAT, min(repeat, fit))
+
+
 def _device(remote, kind: str):
     return {"llvm": remote.cpu, "cuda": remote.cuda, "opencl": remote.cl}.get(kind, remote.cpu)(0)
 
@@ -55,6 +69,7 @@ def evaluate_on_board(
     atol: float,
     session_timeout: int = 600,
     float_output: np.ndarray | None = None,
+    max_seconds: float | None = None,
 ) -> Evaluation:
     import tvm
     from tvm import relax, rpc
@@ -80,6 +95,7 @@ def evaluate_on_board(
         xd = tvm.runtime.tensor(x, dev)
         out = vm["main"](xd)
         y = (out[0] if not isinstance(out, tvm.runtime.Tensor) else out).numpy()
+        repeat = repeats_within(repeat, number, max_seconds, lambda: vm.time_evaluator("main", dev, number=1)(xd).mean)
         timer = vm.time_evaluator("main", dev, number=number, repeat=repeat)
         res = timer(xd)
         reps = [float(r) * 1e3 for r in res.results]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 STEP = "extract"
-VERSION = 3  # 3: layout-free weights (pre-packing); x86 dot-product convs
+VERSION = 4  # 3: layout-free weights (pre-packing); x86 dot-product convs. 4: structural workload keys
 
 WORKLOAD_FIELDS = (
     "batch", "height", "width", "in_filter", "out_filter",
@@ -33,7 +33,7 @@ class TaskInfo:
     weight: int
     flops: float
     file: str
-    workload_hash: str
+    workload_hash: str  # the TIR's structural hash (workload_keys.workload_key): same workload, same key
     op: str  # "conv2d", "depthwise_conv2d", "dense", ... or "other"
     workload: list[int] | None = None
 
@@ -131,9 +131,9 @@ def extract_tasks(imported_dir: Path, target_spec: dict[str, Any], out_dir: Path
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.analysis import estimate_tir_flops
 
-    from .hashing import sha256_json
     from .importers import load_module
     from .relax_pipeline import lower_for_tuning
+    from .workload_keys import workload_key
 
     target = tvm.target.Target(target_spec)
     lowered = lower_for_tuning(load_module(imported_dir), layout)
@@ -157,7 +157,7 @@ def extract_tasks(imported_dir: Path, target_spec: dict[str, Any], out_dir: Path
                 weight=int(t.weight),
                 flops=flops,
                 file=fname,
-                workload_hash=sha256_json(text)[:16],
+                workload_hash=workload_key(t.dispatched[0]),
                 op=found[0] if found else ("dense" if "matmul" in t.task_name or "dense" in t.task_name else "other"),
                 workload=found[1] if found else None,
             )

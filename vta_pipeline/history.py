@@ -31,6 +31,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from filelock import FileLock
 
+from . import workload_keys
+
 MEASUREMENTS = "measurements"
 EVALUATIONS = "evaluations"
 
@@ -143,8 +145,9 @@ def measurement_rows(run: dict[str, Any], tune_dir: Path) -> list[dict[str, Any]
             t = json.loads(line)
         except ValueError:
             continue
-        ident = json.dumps([run["target_id"], run["board_key"], summary["workload_hash"], t.get("session"),
-                            t["trial"], t.get("t")])
+        # A row migrated from an old workload key keeps the identity it was first recorded under.
+        ident = json.dumps([run["target_id"], run["board_key"], t.get("measured_key", summary["workload_hash"]),
+                            t.get("session"), t.get("measured_trial", t["trial"]), t.get("t")])
         lat = t.get("latency_ms")
         rows.append({
             "measurement_id": hashlib.sha256(ident.encode()).hexdigest()[:32],
@@ -245,6 +248,10 @@ def best_per_workload(store_root: Path, target: str | None = None) -> list[dict[
                columns=["target", "board_key", "workload_key", "task", "latency_ms", "gflops", "night", "model"])
     if t.num_rows == 0:
         return []
+    alias = workload_keys.aliases(store_root)
+    if alias:  # rows recorded under a workload's old key count as that workload's
+        t = t.set_column(t.schema.get_field_index("workload_key"), "workload_key",
+                         pa.array([alias.get(k, k) for k in t.column("workload_key").to_pylist()], pa.string()))
     t = t.sort_by([("latency_ms", "ascending")])
     counts = {(r["target"], r["board_key"], r["workload_key"]): r["latency_ms_count"]
               for r in t.group_by(["target", "board_key", "workload_key"]).aggregate([("latency_ms", "count")]).to_pylist()}
@@ -262,7 +269,8 @@ def best_records(store_root: Path, workload_key: str, target_id: str, board_key:
 
     Only records measured on the same TVM target and board key: a schedule's speed on
     another board says little, and MetaSchedule's database ignores the target."""
-    f = (pc.field("workload_key") == workload_key) & (pc.field("target_id") == target_id) \
+    keys = workload_keys.keys_of(store_root, workload_key)  # rows recorded before a key migration too
+    f = pc.field("workload_key").isin(keys) & (pc.field("target_id") == target_id) \
         & (pc.field("board_key") == board_key) & pc.field("record").is_valid()
     if exclude_session is not None:
         f = f & (pc.field("session").is_null() | (pc.field("session") != exclude_session))

@@ -22,7 +22,7 @@ from . import importers
 from . import pack as pack_mod
 from . import quantize as quantize_mod
 from . import records as records_mod
-from . import tuning
+from . import tuning, workload_keys
 from .config import EvalConfig, MeasureConfig, ModelConfig, PackConfig, PipelineConfig, QuantizeConfig, TuneConfig
 from .errors import ConfigError
 from .vta_config import VTAConfig
@@ -150,7 +150,10 @@ def tune_key(store: ArtifactStore, task: extract_mod.TaskInfo, target: ResolvedT
 
 def tune_work_dir(store: ArtifactStore, task: extract_mod.TaskInfo, target: ResolvedTarget, board_key: str,
                   session: str | None) -> Path:
-    """Where a task's records accumulate: per (target, board key, workload, session)."""
+    """Where a task's records accumulate: per (target, board key, workload, session).
+
+    Work dirs of a store written before workloads had structural keys are moved first."""
+    workload_keys.migrate(store.root / "work")
     return tuning.task_work_dir(store.root / "work", f"{target.id}-{board_key}", task.workload_hash, session)
 
 
@@ -244,7 +247,7 @@ def evaluate_step(store: ArtifactStore, built: Artifact, fetched: Artifact, targ
         ev = eval_mod.evaluate_on_board(
             built.file(build_mod.LIB), importers.load_reference(fetched.path), target.kind,
             tracker, board_key, cfg.number, cfg.repeat, cfg.rtol, cfg.atol,
-            float_output=importers.load_float_reference(fetched.path),
+            float_output=importers.load_float_reference(fetched.path), max_seconds=cfg.max_seconds,
         )
         (out / "evaluation.json").write_text(json.dumps(ev.to_dict(), indent=1))
         return ev.to_dict()

@@ -40,13 +40,13 @@ from .config import MeasureConfig, TuneConfig
 from .errors import BoardError
 from .progress import publish
 from .store import atomic_write_text
+from .workload_keys import HASH_MASK  # schedule hashes as unsigned 64-bit, as the trial log writes them
 
 log = logging.getLogger(__name__)
 
 STEP = "tune"
 VERSION = 2
 FAILED = 1e10  # what MetaSchedule stores as the latency of a failed measurement
-HASH_MASK = 0xFFFFFFFFFFFFFFFF  # schedule hashes as unsigned 64-bit, as the trial log writes them
 
 
 @dataclass
