@@ -172,11 +172,16 @@ def frameworks(name: str, shape, threads: int, runs: int, work: Path, seed: int)
 
 # ---- our pipeline -------------------------------------------------------------------------------
 def pipeline_run(model: str, source: str, store: Path, trials: int, threads: int, eval_repeat: int,
-                 extra: list[str], servers: int = 2, task_filter: str = "auto") -> dict[str, Any]:
-    """`vta-pipeline run` as a user runs it; returns its result plus the tuning phase's timing."""
+                 extra: list[str], servers: int = 2, task_filter: str = "auto",
+                 board: Any = None) -> dict[str, Any]:
+    """`vta-pipeline run` as a user runs it; returns its result plus the tuning phase's timing.
+
+    `board`: a LocalBoard already up, used through its tracker as a rack is (else the run
+    starts a local board of `servers` of its own)."""
+    where = ["--tracker", board.tracker, "--key", board.key] if board else ["--local-servers", str(servers)]
     cmd = [sys.executable, "-m", "vta_pipeline.cli", "run", "--source", source, "--model", model,
            "--trials-per-task", str(trials), "--trials-per-batch", str(min(trials, 8)),
-           "--task-filter", task_filter, "--eval-repeat", str(eval_repeat), "--local-servers", str(servers),
+           "--task-filter", task_filter, "--eval-repeat", str(eval_repeat), *where,
            "--store", str(store), *extra]
     env = dict(os.environ, TVM_NUM_THREADS=str(threads))
     t0 = time.time()
@@ -477,17 +482,23 @@ def main() -> None:
         return
     int8_models = [m for m in models if m in args.int8_models.split(",")]
     first = [(m, "fp32") for m in models] + [(m, "x86") for m in int8_models if "x86" in layouts]
-    for name, kind in first:
-        tvm_runs(args, res, name, kind, budgets, add)
-    if not args.skip_overhead and not res["overhead"]:
-        overhead_runs(args, res)
-        write(res, time.time() - t_start, args.out)
-    for name in int8_models if "vta" in layouts else []:
-        tvm_runs(args, res, name, "vta", budgets, add)
+    # One board (tracker + 2 rpc servers, TVM_NUM_THREADS=threads) for every TVM row: started
+    # once, as a rack stays up between runs, instead of once per pipeline run (26 s here).
+    from vta_pipeline.boards import LocalBoard
+
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    with LocalBoard(key="bench", num_servers=2) as board:
+        for name, kind in first:
+            tvm_runs(args, res, name, kind, budgets, add, board)
+        if not args.skip_overhead and not res["overhead"]:
+            overhead_runs(args, res)
+            write(res, time.time() - t_start, args.out)
+        for name in int8_models if "vta" in layouts else []:
+            tvm_runs(args, res, name, "vta", budgets, add, board)
     print(write(res, time.time() - t_start, args.out))
 
 
-def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int], add) -> None:
+def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int], add, board) -> None:
     """The pipeline on one model: fp32 (conv2d tasks), or int8 in a pack layout (packed tasks).
 
     Every model and variant is tuned into one store, as a user tuning several networks for
@@ -499,7 +510,7 @@ def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int]
         if f"{name}/{kind}/{trials}" in res["pipeline_runs"]:  # resumed
             continue
         r = pipeline_run(name, "torchvision", args.store / "pipeline", trials, args.threads, args.runs,
-                         extra, task_filter="conv2d" if kind == "fp32" else "auto")
+                         extra, task_filter="conv2d" if kind == "fp32" else "auto", board=board)
         res["pipeline_runs"][f"{name}/{kind}/{trials}"] = {k: v for k, v in r.items() if k != "result"}
         res["where_the_time_goes"][f"{name} {'fp32' if kind == 'fp32' else 'int8 ' + kind}"] = time_split(r["result"])
         if kind == "fp32" and j == 0:
