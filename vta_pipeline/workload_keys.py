@@ -103,14 +103,16 @@ def migrate(store_work: Path) -> list[dict[str, Any]]:
 
 
 def _move(src: Path, dst: Path, tune: Path) -> dict[str, Any]:
-    rows = _read_rows(src / "trials.jsonl")
+    from .tuning import read_trials  # here: tuning imports this module
+
+    rows = read_trials(src)
     old, _ = _split(src.name)
     if not dst.exists():
         _write_rows(src / "trials.jsonl", [_mark(r, old, r.get("trial")) for r in rows], rows)
         os.replace(src, dst)
         return {"how": "renamed", "trials": len(rows)}
     # Two old keys, one workload: append src's records and trials to dst, keep src aside.
-    dst_rows = _read_rows(dst / "trials.jsonl")
+    dst_rows = read_trials(dst)
     _merge_database(src, dst)
     start = len(dst_rows)
     merged = [_mark(dict(r, trial=start + i), old, r.get("trial")) for i, r in enumerate(rows)]
@@ -129,17 +131,6 @@ def _mark(row: dict[str, Any], key: str, trial: Any) -> dict[str, Any]:
     if "measured_key" in row:  # already migrated once
         return row
     return dict(row, measured_key=key, measured_trial=trial)
-
-
-def _read_rows(p: Path) -> list[dict[str, Any]]:
-    out = []
-    if p.exists():
-        for line in p.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue  # a line torn by a kill (tuning.read_trials skips it too)
-    return out
 
 
 def _write_rows(p: Path, rows: list[dict[str, Any]], unchanged: list[dict[str, Any]] | None) -> None:
