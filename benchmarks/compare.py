@@ -54,8 +54,13 @@ MODELS = {
     "mobilenet_v2": {"shape": (1, 3, 224, 224),
                      "int8": ["--pack-start", "nn.conv2d", "--pack-start-idx", "9", "--calibrate-mode", "max"]},
 }
+# One Prefect server for every pipeline run, as a user's runs report to theirs: each run
+# would otherwise start a temporary one (12-20 s here) and tear it down.
+PREFECT_ENV: dict[str, str] = {}
 BARE = "bare tune_tasks, 2 boards"
 BARE_OUR_POOLS = "bare tune_tasks, 2 boards, our pools and population"
+ALLOCATION = {"flat": "each task that many",
+              "latency": "on average: half each, the rest by each task's share of the network's latency"}
 INT8_LAYOUTS = {"x86": "TVM tuned int8, x86 dot-product layout", "vta": "TVM tuned int8, VTA-packed layout"}
 
 
@@ -173,17 +178,18 @@ def frameworks(name: str, shape, threads: int, runs: int, work: Path, seed: int)
 # ---- our pipeline -------------------------------------------------------------------------------
 def pipeline_run(model: str, source: str, store: Path, trials: int, threads: int, eval_repeat: int,
                  extra: list[str], servers: int = 2, task_filter: str = "auto",
-                 board: Any = None) -> dict[str, Any]:
+                 board: Any = None, allocation: str = "flat") -> dict[str, Any]:
     """`vta-pipeline run` as a user runs it; returns its result plus the tuning phase's timing.
 
     `board`: a LocalBoard already up, used through its tracker as a rack is (else the run
-    starts a local board of `servers` of its own)."""
+    starts a local board of `servers` of its own). The run reports to the benchmark's Prefect
+    server when one is up (`PREFECT_ENV`), else to a temporary one of its own."""
     where = ["--tracker", board.tracker, "--key", board.key] if board else ["--local-servers", str(servers)]
     cmd = [sys.executable, "-m", "vta_pipeline.cli", "run", "--source", source, "--model", model,
            "--trials-per-task", str(trials), "--trials-per-batch", str(min(trials, 8)),
-           "--task-filter", task_filter, "--eval-repeat", str(eval_repeat), *where,
+           "--task-filter", task_filter, "--allocation", allocation, "--eval-repeat", str(eval_repeat), *where,
            "--store", str(store), *extra]
-    env = dict(os.environ, TVM_NUM_THREADS=str(threads))
+    env = dict(PREFECT_ENV or os.environ, TVM_NUM_THREADS=str(threads))
     t0 = time.time()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
     wall = time.time() - t0
@@ -257,7 +263,7 @@ def time_split(result: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: -r["ms_x_weight"])
 
 
-def estimated_curve(result: dict[str, Any], measured_ms: float) -> list[list[float]]:
+def estimated_curve(result: dict[str, Any], measured_ms: float, flat: bool = True) -> list[list[float]]:
     """Network latency vs trials per task, from one pipeline run's per-task tuning curves.
 
     Each tuned task contributes weight x the latency the build would use after n trials
@@ -265,11 +271,13 @@ def estimated_curve(result: dict[str, Any], measured_ms: float) -> list[list[flo
     the sum is anchored at the network latency measured after the last trial, so the
     untuned tasks and the glue between kernels are counted as measured. Best-so-far at n
     is what a run with a budget of n would have found with the same seed (the search does
-    not look ahead), so one deep run gives the whole curve."""
+    not look ahead), so one deep run gives the whole curve. A run whose budget was steered by
+    latency (not `flat`) gave its tasks different budgets: only the part every task reached,
+    its flat first round, is a flat budget's curve."""
     tasks = [t for t in result["tasks"] if t.get("curve")]
     if not tasks:
         return []
-    n_max = max(len(t["curve"]) for t in tasks)
+    n_max = (max if flat else min)(len(t["curve"]) for t in tasks)
 
     def used(t: dict[str, Any], n: int) -> float:
         curve = t["curve"]
@@ -347,31 +355,33 @@ def curve_tables(res: dict[str, Any]) -> list[str]:
 
 
 # ---- orchestration overhead ---------------------------------------------------------------------
-def bare_loop(store: Path, trials: int, threads: int, our_pools: bool = False) -> dict[str, float]:
+def bare_loop(store: Path, trials: int, threads: int, tracker: str, key: str,
+              our_pools: bool = False) -> dict[str, float]:
     """The same tasks and budget through a plain MetaSchedule tune_tasks call: no store, no
-    Prefect, no records of our own, on a fresh local board with two servers.
+    Prefect, no records of our own, on the same two-server board as the pipeline's run.
 
     `our_pools`: with the pipeline's builder/runner pools, intrinsic-registry import and
-    search population (sized to the round) instead of MetaSchedule's stock ones, so that the difference to the pipeline is its orchestration
-    alone (Prefect, the store, one tune_tasks per task, the default-lowering measurement)."""
+    search population and generations (sized to the round) instead of MetaSchedule's stock
+    ones, so that the difference to the pipeline is its orchestration alone (Prefect, the
+    store, one tune_tasks per task, the default-lowering measurement)."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
     from vta_pipeline import intrin_registry, pools
-    from vta_pipeline.boards import LocalBoard
-    from vta_pipeline.config import MeasureConfig
+    from vta_pipeline.config import MeasureConfig, parse_hostport
     from vta_pipeline.extract import load_tasks, select_tasks
     from vta_pipeline.ms_build import make_builder
     from vta_pipeline.store import ArtifactStore
     from vta_pipeline.targets import resolve_target
-    from vta_pipeline.tuning import BoardSpec, population_size
+    from vta_pipeline.tuning import BoardSpec, genetic_iters, population_size
 
     st = ArtifactStore(store)
     extracted = st.find("extract")[0]
     tasks = select_tasks(load_tasks(extracted.path), "conv2d")
     target = resolve_target("host").tvm_target()
     os.environ["TVM_NUM_THREADS"] = str(threads)
-    with LocalBoard(key="bare", num_servers=2) as board, tempfile.TemporaryDirectory() as work:
+    host, port = parse_hostport(tracker)
+    with tempfile.TemporaryDirectory() as work:
         # From the first TuneContext on, like the pipeline's span (first tune step started to last
         # computed): the first one imports MetaSchedule's intrinsic registry (~30 s here), once per process.
         t0 = time.time()
@@ -380,18 +390,19 @@ def bare_loop(store: Path, trials: int, threads: int, our_pools: bool = False) -
         ctxs = [ms.TuneContext(mod=tvm.ir.load_json((extracted.path / t.file).read_text()), target=target,
                                space_generator="post-order-apply",
                                search_strategy=ms.search_strategy.EvolutionarySearch(
-                                   population_size=population_size(min(trials, 8))) if our_pools else "evolutionary",
+                                   population_size=population_size(min(trials, 8)),
+                                   genetic_num_iters=genetic_iters(min(trials, 8))) if our_pools else "evolutionary",
                                task_name=t.name, num_threads="physical") for t in tasks]
         with contextlib.ExitStack() as stack:
             if our_pools:
                 builder = stack.enter_context(pools.builder(600))
-                runner = stack.enter_context(pools.runner(BoardSpec(board.host, board.port, "bare", 2),
+                runner = stack.enter_context(pools.runner(BoardSpec(host, port, key, 2),
                                                           MeasureConfig(number=5, repeat=1, timeout_s=60)))
             else:
                 builder = make_builder(600)
                 runner = ms.runner.RPCRunner(
-                    rpc_config=ms.runner.RPCConfig(tracker_host=board.host, tracker_port=board.port,
-                                                   tracker_key="bare", session_timeout_sec=60),
+                    rpc_config=ms.runner.RPCConfig(tracker_host=host, tracker_port=port,
+                                                   tracker_key=key, session_timeout_sec=60),
                     evaluator_config=ms.runner.EvaluatorConfig(number=5, repeat=1), max_workers=2)
             db = ms.tune_tasks(tasks=ctxs, task_weights=[1.0] * len(ctxs), work_dir=work,
                                max_trials_global=trials * len(ctxs), num_trials_per_iter=min(trials, 8),
@@ -431,7 +442,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--store", type=Path, default=Path(tempfile.gettempdir()) / "vta-compare-store")
     ap.add_argument("--overhead-model", default="tinynet", help="built-in model for the tuning-cost runs")
-    ap.add_argument("--overhead-trials", type=int, default=8)
+    ap.add_argument("--overhead-trials", type=int, default=None,
+                    help="trials per task of the tuning-cost runs (default: the first --trials budget)")
+    ap.add_argument("--allocation", default="latency", choices=["flat", "latency"],
+                    help="how each TVM row's budget is spread over its tasks (the pipeline's --allocation)")
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--skip-tvm", action="store_true")
     ap.add_argument("--out", type=Path, default=OUT, help="where compare.json and compare.md go")
@@ -442,6 +456,7 @@ def main() -> None:
     t_start = time.time()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
     meta = {"commit": commit.strip(), "threads": args.threads, "trials_per_task": args.trials, "runs": args.runs,
+            "allocation": args.allocation,
             "cpu": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M")}
     previous = args.out / "compare.json"
     if args.resume and previous.exists():
@@ -486,12 +501,16 @@ def main() -> None:
     # once, as a rack stays up between runs, instead of once per pipeline run (26 s here).
     from vta_pipeline.boards import LocalBoard
 
+    sys.path.insert(0, str(ROOT / "tests"))
+    from prefect_server import PrefectServer
+
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
-    with LocalBoard(key="bench", num_servers=2) as board:
+    with PrefectServer(services=False) as server, LocalBoard(key="bench", num_servers=2) as board:
+        PREFECT_ENV.update(server.env())
         for name, kind in first:
             tvm_runs(args, res, name, kind, budgets, add, board)
         if not args.skip_overhead and not res["overhead"]:
-            overhead_runs(args, res)
+            overhead_runs(args, res, board, args.overhead_trials or budgets[0])
             write(res, time.time() - t_start, args.out)
         for name in int8_models if "vta" in layouts else []:
             tvm_runs(args, res, name, "vta", budgets, add, board)
@@ -510,7 +529,8 @@ def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int]
         if f"{name}/{kind}/{trials}" in res["pipeline_runs"]:  # resumed
             continue
         r = pipeline_run(name, "torchvision", args.store / "pipeline", trials, args.threads, args.runs,
-                         extra, task_filter="conv2d" if kind == "fp32" else "auto", board=board)
+                         extra, task_filter="conv2d" if kind == "fp32" else "auto", board=board,
+                         allocation=args.allocation)
         res["pipeline_runs"][f"{name}/{kind}/{trials}"] = {k: v for k, v in r.items() if k != "result"}
         res["where_the_time_goes"][f"{name} {'fp32' if kind == 'fp32' else 'int8 ' + kind}"] = time_split(r["result"])
         if kind == "fp32" and j == 0:
@@ -520,24 +540,31 @@ def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int]
         curve = res.setdefault("curves", {}).setdefault(f"{name} {'fp32' if kind == 'fp32' else 'int8 ' + kind}",
                                                          {"measured": [], "estimated": []})
         curve["measured"].append([trials, tuned["median_ms"]])
-        curve["estimated"] = estimated_curve(r["result"], tuned["median_ms"])
-        add(name, f"{label} ({trials} trials/task)", tuned)
+        curve["estimated"] = estimated_curve(r["result"], tuned["median_ms"], flat=args.allocation == "flat")
+        avg = " on average" if args.allocation == "latency" else ""
+        add(name, f"{label} ({trials} trials/task{avg})", tuned)
 
 
-def overhead_runs(args, res: dict[str, Any]) -> None:
-    """Tuning cost: the pipeline with one and two local boards, and a bare tune_tasks loop."""
+def overhead_runs(args, res: dict[str, Any], two: Any, trials: int) -> None:
+    """Tuning cost: the pipeline with one and two local boards, and a bare tune_tasks loop on
+    the same two-server board (`two`, the benchmark's; the one-server board is started here).
+    Flat budgets, as the bare loop has."""
+    from vta_pipeline.boards import LocalBoard
+
     overhead = res["overhead"]
-    for servers in (1, 2):
-        st = args.store / f"overhead-{servers}"
-        r = pipeline_run(args.overhead_model, "builtin", st, args.overhead_trials, args.threads, 5, [],
-                         servers=servers, task_filter="conv2d")
-        overhead[f"pipeline, {servers} board(s)"] = {"tune_s": r["tune_s"], "trials": r["trials"],
-                                                    "trials_per_min": 60 * r["trials"] / r["tune_s"]}
-        print(f"pipeline {servers} board(s): {overhead[f'pipeline, {servers} board(s)']}", flush=True)
+    with LocalBoard(key="bench1", num_servers=1) as one:
+        boards = {1: one, 2: two}
+        for servers in (1, 2):
+            st = args.store / f"overhead-{servers}"
+            r = pipeline_run(args.overhead_model, "builtin", st, trials, args.threads, 5, [],
+                             task_filter="conv2d", board=boards[servers])
+            overhead[f"pipeline, {servers} board(s)"] = {"tune_s": r["tune_s"], "trials": r["trials"],
+                                                        "trials_per_min": 60 * r["trials"] / r["tune_s"]}
+            print(f"pipeline {servers} board(s): {overhead[f'pipeline, {servers} board(s)']}", flush=True)
     for label, ours in ((BARE, False), (BARE_OUR_POOLS, True)):
         # each in a fresh process: the first TuneContext's import is part of what is timed
         out = subprocess.run([sys.executable, __file__, "--bare-loop", str(args.store / "overhead-2"),
-                              str(args.overhead_trials), str(args.threads), str(int(ours))],
+                              str(trials), str(args.threads), two.tracker, two.key, str(int(ours))],
                              capture_output=True, text=True, cwd=ROOT)
         if out.returncode != 0:
             raise RuntimeError(f"bare loop failed:\n{out.stderr[-3000:]}")
@@ -554,7 +581,8 @@ def write(res: dict[str, Any], seconds: float, out: Path = OUT) -> str:
     (out / "compare.json").write_text(json.dumps(res, indent=1))
     int8_src = ", ".join(f"{k} {v:.0f}" for k, v in peak["int8_sources"].items() if v)
     md = [f"Measured at commit {meta['commit']} on {meta['date']}: {meta['threads']} threads, batch 1, "
-          f"{meta['runs']} timed runs, TVM tuned with {meta['trials_per_task']} trials per task; peak fp32 "
+          f"{meta['runs']} timed runs, TVM tuned with {meta['trials_per_task']} trials per task "
+          f"({ALLOCATION[meta.get('allocation', 'flat')]}); peak fp32 "
           f"{peak['fp32_gflops']:.0f} GFLOP/s, int8 {peak.get('int8_gops') or 0:.0f} GOP/s ({int8_src}); "
           f"the benchmark took {meta['seconds'] / 60:.1f} min.", "", table(rows, peak)]
     md += ["", *goals(rows, overhead)]
@@ -578,8 +606,8 @@ def write(res: dict[str, Any], seconds: float, out: Path = OUT) -> str:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--bare-loop"]:  # overhead_runs' child: store trials threads our_pools
-        store_, trials_, threads_, ours_ = sys.argv[2:6]
-        print(json.dumps(bare_loop(Path(store_), int(trials_), int(threads_), bool(int(ours_)))))
+    if sys.argv[1:2] == ["--bare-loop"]:  # overhead_runs' child: store trials threads tracker key our_pools
+        store_, trials_, threads_, tracker_, key_, ours_ = sys.argv[2:8]
+        print(json.dumps(bare_loop(Path(store_), int(trials_), int(threads_), tracker_, key_, bool(int(ours_)))))
     else:
         main()

@@ -34,7 +34,7 @@ from tasks.deploy import build, evaluate
 from tasks.history import record_history, regression_guard
 from tasks.model import extract_tasks, fetch_model, pack_model, quantize_model
 from tasks.tune import pick_best, tune_task
-from vta_pipeline import boards, history, report, steps, tuning
+from vta_pipeline import allocation, boards, history, report, steps, tuning
 from vta_pipeline.config import PipelineConfig, parse_hostport
 from vta_pipeline.extract import load_tasks, select_tasks
 from vta_pipeline.importers import check_model
@@ -113,20 +113,44 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
         in_flight = max(1, min(n_boards, len(tasks)))
         board = {"tracker_host": host, "tracker_port": port, "key": key,
                  "num_boards": max(1, n_boards // in_flight)}
-        work_dirs = [steps.tune_work_dir(store, t, target, key, cfg.tune.session) for t in tasks]
-        trials = _TrialProgress(work_dirs, cfg.tune.trials_per_task, f"tuning trials of {cfg.model.name}")
-        futures, pending, running = [], list(tasks), []
-        while pending or running:
-            while pending and len(running) < in_flight:
-                f = tune_task_.submit(
-                    root, extracted, pending.pop(0).to_dict(), tspec, board,
-                    cfg.tune.model_dump(mode="json"), cfg.measure.model_dump(mode="json"), cache,
-                )
-                futures.append(f)
-                running.append(f)
-            running = list(wait(running, timeout=_POLL_S).not_done)
-            trials.update()
-        tuned = [f.result() for f in futures]
+        work_dirs = {t.name: steps.tune_work_dir(store, t, target, key, cfg.tune.session) for t in tasks}
+        latency_steered = cfg.tune.allocation == "latency"
+        budgets = {t.name: allocation.first_round(cfg.tune.trials_per_task) if latency_steered
+                   else cfg.tune.trials_per_task for t in tasks}
+        trials = _TrialProgress(work_dirs, budgets, cfg.tune.trials_per_task * len(tasks),
+                                f"tuning trials of {cfg.model.name}")
+
+        def fan_out(todo: list) -> dict[str, Any]:
+            futures, pending, running = {}, list(todo), []
+            while pending or running:
+                while pending and len(running) < in_flight:
+                    t = pending.pop(0)
+                    tune_cfg = cfg.tune.model_copy(update={"trials_per_task": budgets[t.name]})
+                    f = futures[t.name] = tune_task_.submit(
+                        root, extracted, t.to_dict(), tspec, board,
+                        tune_cfg.model_dump(mode="json"), cfg.measure.model_dump(mode="json"), cache,
+                    )
+                    running.append(f)
+                running = list(wait(running, timeout=_POLL_S).not_done)
+                trials.update()
+            return {name: f.result() for name, f in futures.items()}
+
+        refs = fan_out(tasks)
+        if latency_steered:  # the rest of the budget to where the network's time goes
+            spends = []
+            for t in tasks:
+                s = _summary(store, refs[t.name])
+                spends.append(allocation.TaskSpend(t.name, t.weight,
+                                                   allocation.used_ms(s["best_latency_ms"], s.get("default_ms")),
+                                                   searchable=s.get("stopped", "budget") == "budget"))
+            budgets = allocation.allocate(spends, cfg.tune.trials_per_task)
+            more = [t for t in tasks if budgets[t.name] > allocation.first_round(cfg.tune.trials_per_task)]
+            logger.info("second round: %d more trial(s) over %d task(s), by their share of the network's latency",
+                        sum(budgets.values()) - allocation.first_round(cfg.tune.trials_per_task) * len(tasks),
+                        len(more))
+            trials.budgets = budgets
+            refs.update(fan_out(more))
+        tuned = [refs[t.name] for t in tasks]
         trials.update(final=True)
         best = pick_best_(root, tuned, tspec, cache)
         if stop_after == "tune":
@@ -146,7 +170,7 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
     by_name = {t.name: t for t in tasks}
     task_results = []
     for ref in tuned:
-        s = json.loads((store.root / "steps" / "tune" / ref["key"] / "summary.json").read_text())
+        s = _summary(store, ref)
         info = by_name.get(s["task"])
         s.update({"weight": info.weight if info else 1, "workload": info.workload if info else None})
         task_results.append(s)
@@ -182,22 +206,27 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
 _POLL_S = 2.0
 
 
+def _summary(store: ArtifactStore, ref: dict[str, str]) -> dict[str, Any]:
+    return json.loads((store.root / "steps" / "tune" / ref["key"] / "summary.json").read_text())
+
+
 class _TrialProgress:
     """The run's progress artifact: valid trials over all tuning tasks, read off their trial
-    logs in the store (so it also counts tasks that run in other processes, e.g. Dask workers)."""
+    logs in the store (so it also counts tasks that run in other processes, e.g. Dask workers),
+    each counted up to its current budget, over the network's budget."""
 
-    def __init__(self, work_dirs: list[Path], budget: int, description: str):
-        self.work_dirs, self.budget = work_dirs, budget
-        self.total = max(1, budget * len(work_dirs))
+    def __init__(self, work_dirs: dict[str, Path], budgets: dict[str, int], total: int, description: str):
+        self.work_dirs, self.budgets = work_dirs, budgets
+        self.total = max(1, total)
         self.id = create_progress_artifact(progress=0.0, key="tuning-progress", description=description)
         self.last = -1.0
 
     def update(self, final: bool = False) -> None:
         done = 0
-        for d in self.work_dirs:
+        for name, d in self.work_dirs.items():
             valid = sum(r.get("latency_ms") is not None for r in tuning.read_trials(d))
-            done += min(valid, self.budget)
-        pct = 100.0 if final else round(100.0 * done / self.total, 1)
+            done += min(valid, self.budgets.get(name, 0))
+        pct = 100.0 if final else min(100.0, round(100.0 * done / self.total, 1))
         if pct != self.last:
             update_progress_artifact(self.id, pct)
             self.last = pct

@@ -80,6 +80,33 @@ def test_flow_end_to_end_then_cached_then_partially_recomputed(prefect_harness, 
     assert [t["trials_this_run"] for t in more["tasks"]] == [2, 2]
 
 
+def test_latency_allocation_spends_the_networks_budget_where_its_time_goes(prefect_harness, board, tmp_path):
+    """`tune.allocation = latency`: a first round of half the budget per task, then the rest
+    of the network's budget by each task's share of its latency after that round."""
+    from flows.tune_network import tune_network
+    from vta_pipeline.allocation import TaskSpend, allocate, first_round, used_ms
+
+    store = ArtifactStore(tmp_path / "store")
+    cfg = {**_cfg(store.root, board.tracker, board.key, trials=4)}
+    cfg["tune"] = {**cfg["tune"], "allocation": "latency"}
+    result = tune_network(cfg)
+    tasks = result["tasks"]
+    assert sum(t["trials"] for t in tasks) == 4 * len(tasks)  # the network's budget, exactly
+    # The split is the one the first round's numbers ask for: each task's best after its
+    # first-round trials (its curve) or its default lowering, times its weight.
+    first = first_round(4)
+    spends = [TaskSpend(t["task"], t["weight"], used_ms(t["curve"][first - 1][1], t["default_ms"])) for t in tasks]
+    assert {t["task"]: t["trials"] for t in tasks} == allocate(spends, 4)
+    costliest = max(spends, key=lambda s: s.cost).name
+    assert next(t["trials"] for t in tasks if t["task"] == costliest) > first
+    assert result["tuned"]["correct"]
+
+    # A rerun makes the same split from the cached first round: nothing is tuned again.
+    t1 = time.time()
+    tune_network(cfg)
+    assert "tune" not in _computed(store, t1)
+
+
 def test_changed_model_recomputes_from_the_import(prefect_harness, board, tmp_path):
     from flows.tune_network import tune_network
 

@@ -53,6 +53,12 @@ class ModelConfig(_Strict):
 class TuneConfig(_Strict):
     trials_per_task: int = Field(16, gt=0, description="Measured trials per tuning task.")
     trials_per_batch: int = Field(8, gt=0, description="Candidates measured per search round.")
+    allocation: Literal["flat", "latency"] = Field(
+        "flat",
+        description="How the network's budget (trials_per_task x tasks) is spread: flat = trials_per_task "
+        "each; latency = half of it each, then the rest by each task's share of the network's latency after "
+        "that round (best ms x weight), at most 4x the average per task (vta_pipeline.allocation).",
+    )
     cost_model: Literal["xgb", "random"] = Field(
         "xgb", description="MetaSchedule cost model: xgb is one XGBoost model per target and board key, shared by "
         "all tasks and trained on every record in the store (vta_pipeline.cost_model); random scores at random.")

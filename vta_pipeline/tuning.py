@@ -474,15 +474,29 @@ def tune_task(
                             work_dir, progress, seeds or [], previous_best_ms, cross_compiler)
 
 
-def population_size(trials_per_batch: int) -> int:
-    """The evolutionary search's population for a round that measures `trials_per_batch`.
+def population_size(round_size: int) -> int:
+    """The evolutionary search's population for a round that measures `round_size` candidates.
 
     MetaSchedule's default, 512 schedules evolved for 4 generations, is sized for its
-    default rounds of 64 candidates (8 per measured one). Our rounds measure 4-16, and the
+    default rounds of 64 candidates (8 per measured one). Our rounds measure 1-16, and the
     population's sampling and evolution cost grows with its size: on a resnet18 conv here
     the first round took 20.7 s to propose 4 candidates with 512, 4.9 s with 128. 32 per
-    measured candidate, between 128 and 512, keeps 8x MetaSchedule's ratio for choice."""
-    return max(128, min(512, 32 * trials_per_batch))
+    measured candidate, between 64 and 512, keeps 4x MetaSchedule's ratio for choice."""
+    return max(64, min(512, 32 * round_size))
+
+
+def genetic_iters(round_size: int) -> int:
+    """Generations the evolutionary search runs per round: MetaSchedule's 4, but 2 for rounds
+    of 4 candidates or fewer.
+
+    Evolution optimizes the cost model's score, and at the budgets that use such rounds the
+    model has seen too little to rank well (benchmarks/cost_model.py: random scores did as
+    well at 8 trials per task): the search's time went to polishing a guess. Over resnet18's
+    15 fp32 conv tasks at 2 trials each, tuned one at a time on 2 local boards: 64 schedules
+    for 2 generations took 65 s, 128 for 4 took 290 s (144 s without one task whose
+    candidate hung), and the network estimate (best ms x weight) was 468 vs 516 ms, within
+    the noise of 2 trials."""
+    return 2 if round_size <= 4 else 4
 
 
 MAX_ROUNDS = 4  # rounds to make up for failed measurements before giving up on the budget
@@ -538,8 +552,10 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
         publish({"task": task_name, "trials": valid, "budget": tune.trials_per_task, "batch": []})
         log.info("task %s: %d of %d valid trials done, tuning %d more", task_name, valid, tune.trials_per_task,
                  remaining)
+        round_size = min(tune.trials_per_batch, remaining)  # a last round of 2 is not sized for 8
         inner = (
-            ms.search_strategy.EvolutionarySearch(population_size=population_size(tune.trials_per_batch))
+            ms.search_strategy.EvolutionarySearch(population_size=population_size(round_size),
+                                                  genetic_num_iters=genetic_iters(round_size))
             if tune.search == "evolutionary"
             else ms.search_strategy.ReplayTrace()
         )
@@ -574,7 +590,7 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
                 task_weights=[1.0],
                 work_dir=str(work_dir),
                 max_trials_global=remaining,
-                num_trials_per_iter=min(tune.trials_per_batch, remaining),
+                num_trials_per_iter=round_size,
                 builder=builder,
                 runner=runner,
                 database=db,

@@ -129,6 +129,9 @@ def run(
     local_servers: Annotated[Optional[int], typer.Option(help="rpc servers of the local board.")] = None,
     trials_per_task: Annotated[Optional[int], typer.Option(help="Measured trials per task.")] = None,
     trials_per_batch: Annotated[Optional[int], typer.Option(help="Candidates per measured batch.")] = None,
+    allocation: Annotated[Optional[str], typer.Option(
+        help="flat (trials-per-task each) | latency (half each, the rest to the tasks the network's "
+             "time goes to)")] = None,
     cost_model: Annotated[Optional[str], typer.Option(help="xgb | random")] = None,
     search: Annotated[Optional[str], typer.Option(help="evolutionary | replay-trace")] = None,
     early_stopping: Annotated[Optional[int], typer.Option(help="Stop a task after N trials without improvement.")] = None,
@@ -178,7 +181,8 @@ def run(
             **_model_overrides(model, source, onnx_path, input_shape), "model.pretrained": pretrained,
             "target": target, "board.tracker": tracker, "board.key": key, "board.local_servers": local_servers,
             "tune.trials_per_task": trials_per_task, "tune.trials_per_batch": trials_per_batch,
-            "tune.cost_model": cost_model, "tune.search": search, "tune.early_stopping": early_stopping,
+            "tune.allocation": allocation, "tune.cost_model": cost_model, "tune.search": search,
+            "tune.early_stopping": early_stopping,
             "tune.task_filter": task_filter, "measure.number": number, "measure.repeat": repeat,
             "measure.timeout_s": timeout, "evaluate.repeat": eval_repeat, "store": store and str(store),
             "tune.session": session, "tune.warm_start": warm_start, "guard.max_regression_pct": max_regression_pct,
