@@ -447,6 +447,9 @@ def main() -> None:
     ap.add_argument("--allocation", default="latency", choices=["flat", "latency"],
                     help="how each TVM row's budget is spread over its tasks (the pipeline's --allocation)")
     ap.add_argument("--skip-overhead", action="store_true")
+    ap.add_argument("--stock-bare", action="store_true",
+                    help="also time a bare loop with MetaSchedule's stock builder, runner and search (4 min "
+                         "here: what the pipeline's pools save, not its orchestration cost)")
     ap.add_argument("--skip-tvm", action="store_true")
     ap.add_argument("--out", type=Path, default=OUT, help="where compare.json and compare.md go")
     ap.add_argument("--resume", action="store_true",
@@ -561,7 +564,8 @@ def overhead_runs(args, res: dict[str, Any], two: Any, trials: int) -> None:
             overhead[f"pipeline, {servers} board(s)"] = {"tune_s": r["tune_s"], "trials": r["trials"],
                                                         "trials_per_min": 60 * r["trials"] / r["tune_s"]}
             print(f"pipeline {servers} board(s): {overhead[f'pipeline, {servers} board(s)']}", flush=True)
-    for label, ours in ((BARE, False), (BARE_OUR_POOLS, True)):
+    bare = [(BARE_OUR_POOLS, True)] + ([(BARE, False)] if args.stock_bare else [])
+    for label, ours in bare:
         # each in a fresh process: the first TuneContext's import is part of what is timed
         out = subprocess.run([sys.executable, __file__, "--bare-loop", str(args.store / "overhead-2"),
                               str(trials), str(args.threads), two.tracker, two.key, str(int(ours))],
