@@ -285,7 +285,7 @@ def estimated_curve(result: dict[str, Any], measured_ms: float, flat: bool = Tru
         options = [v for v in (best, t.get("default_ms")) if v]
         return min(options) if options else 0.0
 
-    final = sum(int(t.get("weight", 1)) * used(t, n_max) for t in tasks)
+    final = sum(int(t.get("weight", 1)) * used(t, len(t["curve"])) for t in tasks)  # what was measured
     return [[n, measured_ms + sum(int(t.get("weight", 1)) * used(t, n) for t in tasks) - final]
             for n in range(1, n_max + 1)]
 

@@ -92,6 +92,7 @@ def test_latency_allocation_spends_the_networks_budget_where_its_time_goes(prefe
     result = tune_network(cfg)
     tasks = result["tasks"]
     assert sum(t["trials"] for t in tasks) == 4 * len(tasks)  # the network's budget, exactly
+    assert [t["trials_this_run"] for t in tasks] == [t["trials"] for t in tasks]  # both rounds counted
     # The split is the one the first round's numbers ask for: each task's best after its
     # first-round trials (its curve) or its default lowering, times its weight.
     first = first_round(4)
