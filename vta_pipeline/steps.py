@@ -137,7 +137,8 @@ def extract_step(store: ArtifactStore, fetched: Artifact, target: ResolvedTarget
 def _tune_config(tune: TuneConfig, measure: MeasureConfig, key: str) -> dict[str, Any]:
     # A task's tuning depends on its own budget only; how the network's budget was spread
     # (tune.allocation) is the flow's business and not part of the task's key.
-    return {"tune": tune.model_dump(mode="json", exclude={"allocation"}), "measure": measure.model_dump(mode="json"), "board_key": key}
+    return {"tune": tune.model_dump(mode="json", exclude={"allocation"}), "measure": measure.model_dump(mode="json"),
+            "board_key": key}
 
 
 def tune_key(store: ArtifactStore, task: extract_mod.TaskInfo, target: ResolvedTarget,
