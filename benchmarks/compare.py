@@ -274,6 +274,8 @@ def estimated_curve(result: dict[str, Any], measured_ms: float, flat: bool = Tru
     not look ahead), so one deep run gives the whole curve. A run whose budget was steered by
     latency (not `flat`) gave its tasks different budgets: only the part every task reached,
     its flat first round, is a flat budget's curve."""
+    from vta_pipeline.allocation import used_ms
+
     tasks = [t for t in result["tasks"] if t.get("curve")]
     if not tasks:
         return []
@@ -282,8 +284,7 @@ def estimated_curve(result: dict[str, Any], measured_ms: float, flat: bool = Tru
     def used(t: dict[str, Any], n: int) -> float:
         curve = t["curve"]
         best = curve[min(n, len(curve)) - 1][1] if n >= 1 else None
-        options = [v for v in (best, t.get("default_ms")) if v]
-        return min(options) if options else 0.0
+        return used_ms(best, t.get("default_ms")) or 0.0
 
     final = sum(int(t.get("weight", 1)) * used(t, len(t["curve"])) for t in tasks)  # what was measured
     return [[n, measured_ms + sum(int(t.get("weight", 1)) * used(t, n) for t in tasks) - final]

@@ -115,8 +115,8 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
                  "num_boards": max(1, n_boards // in_flight)}
         work_dirs = {t.name: steps.tune_work_dir(store, t, target, key, cfg.tune.session) for t in tasks}
         latency_steered = cfg.tune.allocation == "latency"
-        budgets = {t.name: allocation.first_round(cfg.tune.trials_per_task) if latency_steered
-                   else cfg.tune.trials_per_task for t in tasks}
+        first = allocation.first_round(cfg.tune.trials_per_task) if latency_steered else cfg.tune.trials_per_task
+        budgets = {t.name: first for t in tasks}  # the progress bar and fan_out read the same dict
         trials = _TrialProgress(work_dirs, budgets, cfg.tune.trials_per_task * len(tasks),
                                 f"tuning trials of {cfg.model.name}")
 
@@ -144,12 +144,10 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
                 spends.append(allocation.TaskSpend(t.name, t.weight,
                                                    allocation.used_ms(s["best_latency_ms"], s.get("default_ms")),
                                                    searchable=s.get("stopped", "budget") == "budget"))
-            budgets = allocation.allocate(spends, cfg.tune.trials_per_task)
-            more = [t for t in tasks if budgets[t.name] > allocation.first_round(cfg.tune.trials_per_task)]
+            budgets.update(allocation.allocate(spends, cfg.tune.trials_per_task))
+            more = [t for t in tasks if budgets[t.name] > first]
             logger.info("second round: %d more trial(s) over %d task(s), by their share of the network's latency",
-                        sum(budgets.values()) - allocation.first_round(cfg.tune.trials_per_task) * len(tasks),
-                        len(more))
-            trials.budgets = budgets
+                        sum(budgets.values()) - first * len(tasks), len(more))
             refs.update(fan_out(more))
         tuned = [refs[t.name] for t in tasks]
         trials.update(final=True)
