@@ -4,7 +4,8 @@ Same machine, same thread count, batch 1, random weights (fixed seed). For each 
 PyTorch eager fp32 (inference mode), ONNX Runtime fp32 (CPU provider), ONNX Runtime int8
 (static QDQ, uint8 activations x int8 weights per channel, calibrated on random data; its
 quantizer runs in its own pinned environment, see ort_quantize_requirements.txt); and TVM
-built by our pipeline (`vta-pipeline run`, the local RPC board on this CPU): untuned,
+built by our pipeline (`vta-pipeline run`, one network after the other in this process as
+the nightly flow tunes them, on the local RPC board on this CPU): untuned,
 tuned fp32, tuned int8 in the x86 dot-product layout (`--pack-layout x86`) and in VTA's
 layout, each with the stated trial budget per task and the board's reference check. The
 table gives median and p90 latency, the ratio to PyTorch eager, achieved GFLOP/s (the
@@ -33,6 +34,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -178,23 +180,30 @@ def frameworks(name: str, shape, threads: int, runs: int, work: Path, seed: int)
 # ---- our pipeline -------------------------------------------------------------------------------
 def pipeline_run(model: str, source: str, store: Path, trials: int, threads: int, eval_repeat: int,
                  extra: list[str], servers: int = 2, task_filter: str = "auto",
-                 board: Any = None, allocation: str = "flat") -> dict[str, Any]:
+                 board: Any = None, allocation: str = "flat", in_process: bool = False) -> dict[str, Any]:
     """`vta-pipeline run` as a user runs it; returns its result plus the tuning phase's timing.
 
     `board`: a LocalBoard already up, used through its tracker as a rack is (else the run
     starts a local board of `servers` of its own). The run reports to the benchmark's Prefect
-    server when one is up (`PREFECT_ENV`), else to a temporary one of its own."""
+    server when one is up (`PREFECT_ENV`), else to a temporary one of its own.
+    `in_process`: the same command, run in this process (see `_cli_in_process`) instead of
+    a fresh one, as the nightly flow tunes one network after the other: imports and worker
+    pools are paid once per benchmark, not once per row."""
     where = ["--tracker", board.tracker, "--key", board.key] if board else ["--local-servers", str(servers)]
-    cmd = [sys.executable, "-m", "vta_pipeline.cli", "run", "--source", source, "--model", model,
-           "--trials-per-task", str(trials), "--trials-per-batch", str(min(trials, 8)),
-           "--task-filter", task_filter, "--allocation", allocation, "--eval-repeat", str(eval_repeat), *where,
-           "--store", str(store), *extra]
-    env = dict(PREFECT_ENV or os.environ, TVM_NUM_THREADS=str(threads))
+    argv = ["run", "--source", source, "--model", model,
+            "--trials-per-task", str(trials), "--trials-per-batch", str(min(trials, 8)),
+            "--task-filter", task_filter, "--allocation", allocation, "--eval-repeat", str(eval_repeat), *where,
+            "--store", str(store), *extra]
     t0 = time.time()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+    if in_process:
+        _cli_in_process(argv, store / "logs" / f"{model}-{int(t0)}.log")
+    else:
+        cmd = [sys.executable, "-m", "vta_pipeline.cli", *argv]
+        env = dict(PREFECT_ENV or os.environ, TVM_NUM_THREADS=str(threads))
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     wall = time.time() - t0
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     runs = sorted((store / "runs").glob("*.json"), key=lambda p: p.stat().st_mtime)
     result = json.loads(runs[-1].read_text())
     events = [json.loads(line) for line in (store / "events.jsonl").read_text().splitlines()]
@@ -202,6 +211,34 @@ def pipeline_run(model: str, source: str, store: Path, trials: int, threads: int
     trials_done = sum(t.get("trials_this_run", t.get("trials", 0)) for t in result["tasks"])
     return {"result": result, "wall_s": wall, "tune_s": (max(tune) - min(tune)) if tune else None,
             "trials": trials_done}
+
+
+def _cli_in_process(argv: list[str], log: Path) -> None:
+    """`vta-pipeline ARGV` in this process, its output (progress bars, Prefect's console log,
+    the result table) into `log`: file descriptors 1 and 2 are pointed there for the run, so
+    what TVM and Prefect write reaches the file as well. A failed run raises with the log's
+    tail. The environment must already hold PREFECT_ENV and TVM_NUM_THREADS (see main)."""
+    from vta_pipeline.cli.main import app
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    code: Any = None
+    with open(log, "w") as f:
+        sys.stdout.flush(), sys.stderr.flush()
+        saved = os.dup(1), os.dup(2)
+        os.dup2(f.fileno(), 1), os.dup2(f.fileno(), 2)
+        try:
+            code = app(argv, prog_name="vta-pipeline", standalone_mode=False)
+        except BaseException as e:  # noqa: BLE001: reported below with the run's own output
+            code = e
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+            os.close(saved[0]), os.close(saved[1])
+    if code not in (None, 0):
+        if isinstance(code, KeyboardInterrupt):
+            raise code
+        tail = log.read_text()[-3000:]
+        raise RuntimeError(f"vta-pipeline {' '.join(argv)} failed ({code!r}); its log {log} ends:\n{tail}")
 
 
 def evaluation_stats(ev: dict[str, Any]) -> dict[str, float]:
@@ -456,6 +493,9 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true",
                     help="keep results/compare.json and the store; measure only what is not in them yet")
     args = ap.parse_args()
+    # `kill` / a CI timeout: unwind, so that the Prefect server and the boards (children) stop too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)
 
     t_start = time.time()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
@@ -508,9 +548,9 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from prefect_server import PrefectServer
 
-    os.environ["TVM_NUM_THREADS"] = str(args.threads)
     with PrefectServer(services=False) as server, LocalBoard(key="bench", num_servers=2) as board:
         PREFECT_ENV.update(server.env())
+        os.environ.update(PREFECT_ENV)  # the rows run in this process (before it first imports prefect)
         for name, kind in first:
             tvm_runs(args, res, name, kind, budgets, add, board)
         if not args.skip_overhead and not res["overhead"]:
@@ -534,7 +574,7 @@ def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int]
             continue
         r = pipeline_run(name, "torchvision", args.store / "pipeline", trials, args.threads, args.runs,
                          extra, task_filter="conv2d" if kind == "fp32" else "auto", board=board,
-                         allocation=args.allocation)
+                         allocation=args.allocation, in_process=True)
         res["pipeline_runs"][f"{name}/{kind}/{trials}"] = {k: v for k, v in r.items() if k != "result"}
         res["where_the_time_goes"][f"{name} {'fp32' if kind == 'fp32' else 'int8 ' + kind}"] = time_split(r["result"])
         if kind == "fp32" and j == 0:
