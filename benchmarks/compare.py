@@ -190,8 +190,11 @@ def pipeline_run(model: str, source: str, store: Path, trials: int, threads: int
     a fresh one, as the nightly flow tunes one network after the other: imports and worker
     pools are paid once per benchmark, not once per row."""
     where = ["--tracker", board.tracker, "--key", board.key] if board else ["--local-servers", str(servers)]
+    # Rounds of at least 4 candidates: a latency-steered task may get 4x the average budget,
+    # and every round pays a search, a cost-model update and a board session (~3 s here).
+    batch = max(4, min(trials, 8))
     argv = ["run", "--source", source, "--model", model,
-            "--trials-per-task", str(trials), "--trials-per-batch", str(min(trials, 8)),
+            "--trials-per-task", str(trials), "--trials-per-batch", str(batch),
             "--task-filter", task_filter, "--allocation", allocation, "--eval-repeat", str(eval_repeat), *where,
             "--store", str(store), *extra]
     t0 = time.time()
