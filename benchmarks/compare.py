@@ -96,7 +96,12 @@ def peaks(threads: int) -> dict[str, Any]:
     try:
         ai = torch.randint(-128, 127, (n, n), dtype=torch.int8)
         bi = torch.randint(-128, 127, (n, n), dtype=torch.int8)
-        i8 = stats(timed(lambda: torch._int_mm(ai, bi), 5))
+        t0 = time.perf_counter()
+        torch._int_mm(ai, bi)
+        first_ms = (time.perf_counter() - t0) * 1e3
+        # Without VNNI/AMX torch's kernel is scalar: ~12 s a call here, so 8 timed calls were
+        # 1.5 min of the benchmark for a number that is never the peak. One call is enough then.
+        i8 = stats(timed(lambda: torch._int_mm(ai, bi), 5)) if first_ms < 1000 else {"median_ms": first_ms}
         out["int8_sources"]["torch._int_mm s8s8"] = 2 * n**3 / i8["median_ms"] / 1e6
     except (RuntimeError, AttributeError) as e:  # no int8 GEMM kernel for this CPU in this build
         out["int8_sources"]["torch._int_mm s8s8"] = None
@@ -409,7 +414,7 @@ def bare_loop(store: Path, trials: int, threads: int, tracker: str, key: str,
     from tvm.s_tir import meta_schedule as ms
 
     from vta_pipeline import intrin_registry, pools
-    from vta_pipeline.config import MeasureConfig, parse_hostport
+    from vta_pipeline.config import MeasureConfig, TuneConfig, parse_hostport
     from vta_pipeline.extract import load_tasks, select_tasks
     from vta_pipeline.ms_build import make_builder
     from vta_pipeline.store import ArtifactStore
@@ -424,7 +429,8 @@ def bare_loop(store: Path, trials: int, threads: int, tracker: str, key: str,
     host, port = parse_hostport(tracker)
     with tempfile.TemporaryDirectory() as work:
         # From the first TuneContext on, like the pipeline's span (first tune step started to last
-        # computed): the first one imports MetaSchedule's intrinsic registry (~30 s here), once per process.
+        # computed): in a fresh process (the stock loop) the first one imports MetaSchedule's
+        # intrinsic registry (~30 s here).
         t0 = time.time()
         if our_pools:
             intrin_registry.load()
@@ -435,10 +441,9 @@ def bare_loop(store: Path, trials: int, threads: int, tracker: str, key: str,
                                    genetic_num_iters=genetic_iters(min(trials, 8))) if our_pools else "evolutionary",
                                task_name=t.name, num_threads="physical") for t in tasks]
         with contextlib.ExitStack() as stack:
-            if our_pools:
-                builder = stack.enter_context(pools.builder(600))
-                runner = stack.enter_context(pools.runner(BoardSpec(host, port, key, 2),
-                                                          MeasureConfig(number=5, repeat=1, timeout_s=60)))
+            if our_pools:  # the pipeline's own settings, so that in one process it leases the same pools
+                builder = stack.enter_context(pools.builder(TuneConfig().builder_timeout_s))
+                runner = stack.enter_context(pools.runner(BoardSpec(host, port, key, 2), MeasureConfig()))
             else:
                 builder = make_builder(600)
                 runner = ms.runner.RPCRunner(
@@ -475,7 +480,7 @@ def main() -> None:
     ap.add_argument("--models", default="resnet18,mobilenet_v2")
     ap.add_argument("--int8-models", default="resnet18,mobilenet_v2", help="models also tuned int8 ('' = none)")
     ap.add_argument("--int8-layouts", default="x86,vta", help="int8 pack layouts to tune (x86, vta)")
-    ap.add_argument("--trials", default="4",
+    ap.add_argument("--trials", default="2",
                     help="trials per tuning task; a list (4,16,64) tunes on from one budget to the next and "
                          "measures each: the latency-vs-trials curve")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -551,16 +556,21 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from prefect_server import PrefectServer
 
-    with PrefectServer(services=False) as server, LocalBoard(key="bench", num_servers=2) as board:
+    with PrefectServer(services=False) as server:
         PREFECT_ENV.update(server.env())
         os.environ.update(PREFECT_ENV)  # the rows run in this process (before it first imports prefect)
-        for name, kind in first:
-            tvm_runs(args, res, name, kind, budgets, add, board)
-        if not args.skip_overhead and not res["overhead"]:
-            overhead_runs(args, res, board, args.overhead_trials or budgets[0])
-            write(res, time.time() - t_start, args.out)
-        for name in int8_models if "vta" in layouts else []:
-            tvm_runs(args, res, name, "vta", budgets, add, board)
+        with LocalBoard(key="bench", num_servers=2) as board:
+            for name, kind in first:
+                tvm_runs(args, res, name, kind, budgets, add, board)
+            if not args.skip_overhead and not res["overhead"]:
+                overhead_runs(args, res, board, args.overhead_trials or budgets[0])
+                write(res, time.time() - t_start, args.out)
+            for name in int8_models if "vta" in layouts else []:
+                tvm_runs(args, res, name, "vta", budgets, add, board)
+        if "prefect" in sys.modules:  # send the runs' last log lines while the server is still up
+            from prefect.logging.handlers import APILogWorker
+
+            APILogWorker.drain_all(timeout=10)
     print(write(res, time.time() - t_start, args.out))
 
 
@@ -595,7 +605,11 @@ def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int]
 def overhead_runs(args, res: dict[str, Any], two: Any, trials: int) -> None:
     """Tuning cost: the pipeline with one and two local boards, and a bare tune_tasks loop on
     the same two-server board (`two`, the benchmark's; the one-server board is started here).
-    Flat budgets, as the bare loop has."""
+    Flat budgets, as the bare loop has. All in this process, after the first rows: imports
+    and pools are warm for the pipeline and the bare loop alike, as through most of a night,
+    so the difference is the orchestration (the one-server board's runner worker starts cold:
+    one TVM import, ~5 s here). The stock bare loop (opt-in) runs in a fresh process, with
+    MetaSchedule's own pools."""
     from vta_pipeline.boards import LocalBoard
 
     overhead = res["overhead"]
@@ -604,21 +618,22 @@ def overhead_runs(args, res: dict[str, Any], two: Any, trials: int) -> None:
         for servers in (1, 2):
             st = args.store / f"overhead-{servers}"
             r = pipeline_run(args.overhead_model, "builtin", st, trials, args.threads, 5, [],
-                             task_filter="conv2d", board=boards[servers])
+                             task_filter="conv2d", board=boards[servers], in_process=True)
             overhead[f"pipeline, {servers} board(s)"] = {"tune_s": r["tune_s"], "trials": r["trials"],
                                                         "trials_per_min": 60 * r["trials"] / r["tune_s"]}
             print(f"pipeline {servers} board(s): {overhead[f'pipeline, {servers} board(s)']}", flush=True)
-    bare = [(BARE_OUR_POOLS, True)] + ([(BARE, False)] if args.stock_bare else [])
-    for label, ours in bare:
-        # each in a fresh process: the first TuneContext's import is part of what is timed
+    b = bare_loop(args.store / "overhead-2", trials, args.threads, two.tracker, two.key, our_pools=True)
+    overhead[BARE_OUR_POOLS] = {**b, "trials_per_min": 60 * b["trials"] / b["tune_s"]}
+    print(f"{BARE_OUR_POOLS}: {overhead[BARE_OUR_POOLS]}", flush=True)
+    if args.stock_bare:
         out = subprocess.run([sys.executable, __file__, "--bare-loop", str(args.store / "overhead-2"),
-                              str(trials), str(args.threads), two.tracker, two.key, str(int(ours))],
+                              str(trials), str(args.threads), two.tracker, two.key, "0"],
                              capture_output=True, text=True, cwd=ROOT)
         if out.returncode != 0:
             raise RuntimeError(f"bare loop failed:\n{out.stderr[-3000:]}")
         b = json.loads(out.stdout.strip().splitlines()[-1])
-        overhead[label] = {**b, "trials_per_min": 60 * b["trials"] / b["tune_s"]}
-        print(f"{label}: {overhead[label]}", flush=True)
+        overhead[BARE] = {**b, "trials_per_min": 60 * b["trials"] / b["tune_s"]}
+        print(f"{BARE}: {overhead[BARE]}", flush=True)
 
 
 def write(res: dict[str, Any], seconds: float, out: Path = OUT) -> str:
@@ -654,7 +669,7 @@ def write(res: dict[str, Any], seconds: float, out: Path = OUT) -> str:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--bare-loop"]:  # overhead_runs' child: store trials threads tracker key our_pools
+    if sys.argv[1:2] == ["--bare-loop"]:  # overhead_runs' stock child: store trials threads tracker key our_pools
         store_, trials_, threads_, tracker_, key_, ours_ = sys.argv[2:8]
         print(json.dumps(bare_loop(Path(store_), int(trials_), int(threads_), tracker_, key_, bool(int(ours_)))))
     else:
