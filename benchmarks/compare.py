@@ -243,7 +243,7 @@ def _cli_in_process(argv: list[str], log: Path) -> None:
             os.dup2(saved[0], 1), os.dup2(saved[1], 2)
             os.close(saved[0]), os.close(saved[1])
     if code not in (None, 0):
-        if isinstance(code, KeyboardInterrupt):
+        if isinstance(code, (KeyboardInterrupt, SystemExit)):  # Ctrl-C, SIGTERM: stop, not a failed row
             raise code
         tail = log.read_text()[-3000:]
         raise RuntimeError(f"vta-pipeline {' '.join(argv)} failed ({code!r}); its log {log} ends:\n{tail}")
