@@ -612,19 +612,19 @@ def overhead_runs(args, res: dict[str, Any], two: Any, trials: int) -> None:
     MetaSchedule's own pools."""
     from vta_pipeline.boards import LocalBoard
 
-    overhead = res["overhead"]
+    def record(label: str, tune_s: float, n_trials: int) -> None:
+        res["overhead"][label] = {"tune_s": tune_s, "trials": n_trials, "trials_per_min": 60 * n_trials / tune_s}
+        print(f"{label}: {res['overhead'][label]}", flush=True)
+
     with LocalBoard(key="bench1", num_servers=1) as one:
         boards = {1: one, 2: two}
         for servers in (1, 2):
             st = args.store / f"overhead-{servers}"
             r = pipeline_run(args.overhead_model, "builtin", st, trials, args.threads, 5, [],
                              task_filter="conv2d", board=boards[servers], in_process=True)
-            overhead[f"pipeline, {servers} board(s)"] = {"tune_s": r["tune_s"], "trials": r["trials"],
-                                                        "trials_per_min": 60 * r["trials"] / r["tune_s"]}
-            print(f"pipeline {servers} board(s): {overhead[f'pipeline, {servers} board(s)']}", flush=True)
+            record(f"pipeline, {servers} board(s)", r["tune_s"], r["trials"])
     b = bare_loop(args.store / "overhead-2", trials, args.threads, two.tracker, two.key, our_pools=True)
-    overhead[BARE_OUR_POOLS] = {**b, "trials_per_min": 60 * b["trials"] / b["tune_s"]}
-    print(f"{BARE_OUR_POOLS}: {overhead[BARE_OUR_POOLS]}", flush=True)
+    record(BARE_OUR_POOLS, b["tune_s"], b["trials"])
     if args.stock_bare:
         out = subprocess.run([sys.executable, __file__, "--bare-loop", str(args.store / "overhead-2"),
                               str(trials), str(args.threads), two.tracker, two.key, "0"],
@@ -632,9 +632,7 @@ def overhead_runs(args, res: dict[str, Any], two: Any, trials: int) -> None:
         if out.returncode != 0:
             raise RuntimeError(f"bare loop failed:\n{out.stderr[-3000:]}")
         b = json.loads(out.stdout.strip().splitlines()[-1])
-        overhead[BARE] = {**b, "trials_per_min": 60 * b["trials"] / b["tune_s"]}
-        print(f"{BARE}: {overhead[BARE]}", flush=True)
-
+        record(BARE, b["tune_s"], b["trials"])
 
 def write(res: dict[str, Any], seconds: float, out: Path = OUT) -> str:
     """compare.json and compare.md from what has been measured so far; returns the markdown."""
