@@ -29,6 +29,7 @@ from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
 from prefect.states import Completed
 
+from tasks import crashed_runs
 from tasks.common import results_dir, retry_settings
 from tasks.deploy import build, evaluate
 from tasks.history import record_history, regression_guard
@@ -65,6 +66,24 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
     steps.check_local_board(cfg, target)
     check_model(cfg.model)
     store = ArtifactStore(cfg.store, CachePolicy(cache))
+    run_id = str(flow_run.get_id() or f"local-{int(t0)}")
+    try:  # runs of this store that a killed process left "Running" in the UI
+        crashed_runs.mark_dead_runs_crashed(store, run_id, logger)
+    except Exception as e:  # never worth failing tonight's run over
+        logger.warning("could not check the store's earlier flow runs for dead ones: %s", e)
+    crashed_runs.record_start(store, run_id)
+    ended = "Failed"
+    try:
+        result = _tune_network(cfg, target, store, cache, stop_after, logger, t0, run_id)
+        ended = "Completed"
+        return result
+    finally:
+        crashed_runs.record_end(store, run_id, ended)
+
+
+def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str, stop_after: str | None,
+                  logger, t0: float, run_id: str):
+    """The flow's body, between the run's start and end records in the store."""
     root = str(store.root)
     res = {"result_storage": results_dir(root)}
     retry = retry_settings()  # read per run, so a deployment can change it without a redeploy
@@ -77,7 +96,8 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
         if cfg.board.tracker is None:
             logger.info("starting a local board: tracker + %d rpc servers on 127.0.0.1, key %r",
                         cfg.board.local_servers, key)
-            local = stack.enter_context(boards.LocalBoard(key=key, num_servers=cfg.board.local_servers))
+            local = stack.enter_context(boards.LocalBoard(key=key, num_servers=cfg.board.local_servers,
+                                                                log_dir=store.root / "logs"))
             tracker = local.tracker
         else:
             tracker = cfg.board.tracker
@@ -175,7 +195,6 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
         info = by_name.get(s["task"])
         s.update({"weight": info.weight if info else 1, "workload": info.workload if info else None})
         task_results.append(s)
-    run_id = str(flow_run.get_id() or f"local-{int(t0)}")
     result = report.make_result(run_id, cfg.model_dump(mode="json"), meta(fetched), task_results,
                                 meta(ev_untuned), meta(ev_tuned), time.time() - t0)
     result.update(night=cfg.tune.session or history.night_of(t0), session=cfg.tune.session, target_id=target.id)

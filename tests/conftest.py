@@ -7,11 +7,14 @@ imported and extracted micronet, one Prefect harness.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("VTA_PIPELINE_BOARD_RETRIES", "0")  # tests assert on the first failure
+# the boards the tests start record themselves (and log) here, not in the user's ~/.vta-pipeline
+os.environ.setdefault("VTA_PIPELINE_BOARD_REGISTRY", tempfile.mkdtemp(prefix="vta-pipeline-test-boards-"))
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 

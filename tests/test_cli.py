@@ -49,6 +49,27 @@ def test_user_errors(args, needle, tmp_path):
     assert not (tmp_path / "s" / "steps").exists() or not any((tmp_path / "s" / "steps").iterdir())
 
 
+def test_a_store_path_that_is_a_file_is_refused_before_any_work(tmp_path):
+    f = tmp_path / "notes.txt"
+    f.write_text("mine")
+    for store in (f, f / "sub"):
+        r = runner.invoke(app, ["run", "--store", str(store)])
+        assert r.exit_code == 2, r.output
+        assert "is a file" in r.output and "--store" in r.output and "Traceback" not in r.output
+    assert f.read_text() == "mine"
+
+
+def test_cuda_without_a_tracker_is_refused_where_this_machine_has_no_gpu(tmp_path):
+    from vta_pipeline.steps import local_device_exists
+
+    if local_device_exists("cuda"):
+        pytest.skip("this machine has a CUDA GPU: a local cuda board is valid here")
+    r = runner.invoke(app, ["run", "--target", "cuda", "--store", str(tmp_path / "s")])
+    assert r.exit_code == 2, r.output
+    assert "--tracker HOST:PORT" in r.output and "cuda" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "s").exists()  # refused before the store or a board was made
+
+
 def test_config_file_with_unknown_key(tmp_path):
     f = tmp_path / "nightly.json"
     f.write_text(json.dumps({"tune": {"trials": 5}}))

@@ -10,6 +10,7 @@ find them from another shell.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import BoardError
+from .liveness import alive, identity
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -104,63 +106,175 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+START_TIMEOUT_S = 600.0
+"""How long a local board may take to come up: its tracker listening and every server registered.
+
+Each process imports TVM on its own; on a 2-core machine right after `uv sync`, with the
+Prefect server and the flow's own imports starting beside them, that has taken over a
+minute. A process that dies instead fails the start at once, so the long limit only costs
+time when a process hangs.
+"""
+
+PROGRESS_EVERY_S = 15.0
+"""How often a slow start says what it is still waiting for."""
+
+REGISTRY = Path(os.environ.get("VTA_PIPELINE_BOARD_REGISTRY", "~/.vta-pipeline/boards")).expanduser()
+"""Where every owned local board records its processes and its owner (one JSON file each), so
+that a later start can reap a board whose owner died without stopping it."""
+
+log = logging.getLogger(__name__)
+
+
 @dataclass
 class LocalBoard:
-    """A tracker and N rpc_server processes on 127.0.0.1 (or another bind address)."""
+    """A tracker and N rpc_server processes on 127.0.0.1 (or another bind address).
+
+    Owned (the default, `detached=False`): every process runs under
+    `vta_pipeline.board_watchdog` and kills its own process group when the process that
+    started the board dies, however it dies; the board is also recorded in `registry`, so
+    the next board started on this machine reaps it if the watchdogs could not (see
+    `reap_orphans`). Detached (`board up`): the board outlives the command that started
+    it, recorded in `state_file` until `board down`.
+
+    Each process's output goes to a log of its own in `log_dir`: when a process does not
+    come up, the error shows the tail of its log.
+    """
 
     key: str = "host"
     num_servers: int = 2
     host: str = "127.0.0.1"
     port: int = 0
     state_file: Path | None = None
+    log_dir: Path | None = None
+    detached: bool = False
+    registry: Path | None = None
     procs: list[subprocess.Popen] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.log_dir = Path(self.log_dir) if self.log_dir else None
+        self.registry = Path(self.registry) if self.registry else None
 
     @property
     def tracker(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def _spawn(self, args: list[str]) -> subprocess.Popen:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        return subprocess.Popen(
-            [sys.executable, "-m", *args],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,  # Ctrl-C in the terminal goes to us, we stop them in order
-        )
+    def _registry(self) -> Path:
+        return self.registry or REGISTRY
 
-    def start(self, timeout: float = 60.0) -> LocalBoard:
+    def _log_path(self, role: str) -> Path:
+        d = self.log_dir or self._registry().parent / "logs"
+        d.mkdir(parents=True, exist_ok=True)
+        return d / f"board-{self.key}-{self.port}-{role}.log"
+
+    def _spawn(self, args: list[str], role: str) -> subprocess.Popen:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        cmd = [sys.executable, "-m"]
+        if not self.detached:
+            cmd += ["vta_pipeline.board_watchdog", "--watch", str(os.getpid()), "--"]
+        path = self._log_path(role)
+        with path.open("ab") as out:
+            out.write(f"---- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(args)}\n".encode())
+            out.flush()
+            p = subprocess.Popen(
+                [*cmd, *args],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # Ctrl-C in the terminal goes to us, we stop them in order
+            )
+        self.procs.append(p)
+        self.logs.append(path)
+        return p
+
+    def _role(self, i: int) -> str:
+        return "tracker" if i == 0 else f"rpc server {i} of {self.num_servers}"
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> LocalBoard:
+        """Start the tracker and the servers; return once every server is registered.
+
+        Says what it waits for every PROGRESS_EVERY_S; a process that exits, or one not up
+        within `timeout`, stops the board and raises a BoardError naming that process, with
+        the tail of its log.
+        """
+        reap_orphans(self._registry())
         if not self.port:
             self.port = free_port(self.host)
-        self.procs.append(
-            self._spawn(["tvm.exec.rpc_tracker", "--host", self.host, "--port", str(self.port), "--port-end", str(self.port + 1)])
-        )
-        deadline = time.time() + timeout
-        while not port_open(self.host, self.port, 0.5):
-            if self.procs[0].poll() is not None or time.time() > deadline:
-                self.stop()
-                raise BoardError(f"the local RPC tracker did not start on {self.tracker}")
-            time.sleep(0.2)
-        for _ in range(self.num_servers):
-            self.add_server()
-        while True:
+        t0 = time.monotonic()
+        self._spawn(["tvm.exec.rpc_tracker", "--host", self.host, "--port", str(self.port),
+                     "--port-end", str(self.port + 1)], "tracker")
+        if not self.detached:
+            self._record()
+        self._wait(lambda: port_open(self.host, self.port, 0.5), t0, timeout,
+                   lambda: f"the RPC tracker to listen on {self.tracker}", waiting_on=[0])
+        for i in range(self.num_servers):
+            self.add_server(record=False)
+        if not self.detached:
+            self._record()
+
+        def registered() -> bool:
             try:
-                if count_servers(self.host, self.port, self.key) >= self.num_servers:
-                    break
-            except Exception:
-                pass
-            if time.time() > deadline:
-                self.stop()
-                raise BoardError(f"the local rpc servers did not register with the tracker at {self.tracker}")
-            time.sleep(0.3)
+                return count_servers(self.host, self.port, self.key) >= self.num_servers
+            except BoardError:
+                return False
+
+        self._wait(registered, t0, timeout,
+                   lambda: (f"{self.num_servers} rpc server(s) to register under key {self.key!r} "
+                            f"({self._registered()} of {self.num_servers} so far)"),
+                   waiting_on=None)
+        log.info("local board up in %.0f s: tracker %s, %d server(s) under key %r (logs: %s)",
+                 time.monotonic() - t0, self.tracker, self.num_servers, self.key, self.logs[0].parent)
         self._save()
         return self
 
-    def add_server(self) -> subprocess.Popen:
-        p = self._spawn(
-            ["tvm.exec.rpc_server", "--tracker", self.tracker, "--key", self.key, "--host", self.host, "--port", "9090", "--port-end", "9999"]
+    def _wait(self, ready: Callable[[], bool], t0: float, timeout: float, what: Callable[[], str],
+              waiting_on: list[int] | None) -> None:
+        last_said = time.monotonic()
+        while not ready():
+            for i, p in enumerate(self.procs):
+                if p.poll() is not None:
+                    self._fail(i, f"exited with status {p.returncode} while the board was starting")
+            now = time.monotonic()
+            if now - t0 > timeout:
+                late = waiting_on if waiting_on is not None else self._unregistered()
+                self._fail(late[0] if late else len(self.procs) - 1,
+                           f"was not up after {timeout:.0f} s (waiting for {what()})")
+            if now - last_said >= PROGRESS_EVERY_S:
+                log.info("local board: waiting for %s, %.0f s so far", what(), now - t0)
+                last_said = now
+            time.sleep(0.2)
+
+    def _registered(self) -> int:
+        try:
+            return count_servers(self.host, self.port, self.key)
+        except BoardError:
+            return 0
+
+    def _unregistered(self) -> list[int]:
+        """Indices of the servers whose listening port the tracker does not list."""
+        try:
+            ports = {int(s["addr"][1]) for s in tracker_summary(self.host, self.port).get("server_info", [])
+                     if s.get("key") == f"server:{self.key}"}
+        except (BoardError, KeyError, IndexError, ValueError):
+            return list(range(1, len(self.procs)))
+        return [i for i in range(1, len(self.procs)) if not (_listen_ports(self.procs[i].pid) & ports)]
+
+    def _fail(self, i: int, why: str) -> None:
+        p, path = self.procs[i], self.logs[i]
+        tail = log_tail(path)
+        self.stop()
+        raise BoardError(
+            f"local board: the {self._role(i)} (pid {p.pid}) {why}. Its output ({path}):\n{tail}"
         )
-        self.procs.append(p)
+
+    def add_server(self, record: bool = True) -> subprocess.Popen:
+        i = len(self.procs)
+        p = self._spawn(
+            ["tvm.exec.rpc_server", "--tracker", self.tracker, "--key", self.key, "--host", self.host,
+             "--port", "9090", "--port-end", "9999"], f"server{i}")
+        if record and not self.detached:
+            self._record()
         return p
 
     @property
@@ -189,6 +303,22 @@ class LocalBoard:
         self.procs.clear()
         if self.state_file and self.state_file.exists():
             self.state_file.unlink()
+        if self.port:
+            self._registry_file().unlink(missing_ok=True)
+
+    def _registry_file(self) -> Path:
+        return self._registry() / f"{self.host}-{self.port}.json"
+
+    def _record(self) -> None:
+        """Write (or rewrite) this board's registry entry: its owner and every process."""
+        d = self._registry()
+        d.mkdir(parents=True, exist_ok=True)
+        from .store import atomic_write_text
+
+        atomic_write_text(self._registry_file(), json.dumps({
+            "tracker": self.tracker, "key": self.key, "owner": identity(os.getpid()),
+            "procs": [identity(p.pid) for p in self.procs],
+        }))
 
     def _save(self) -> None:
         if self.state_file:
@@ -202,6 +332,62 @@ class LocalBoard:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    """The last lines of a process's log, indented, for an error message."""
+    try:
+        text = Path(path).read_text(errors="replace").splitlines()[-lines:]
+    except OSError as e:
+        return f"    (could not read it: {e})"
+    return "\n".join("    " + line for line in text) or "    (empty)"
+
+
+def _listen_ports(pid: int) -> set[int]:
+    """TCP ports a process or its children listen on (a server listens in a PopenWorker child)."""
+    import psutil
+
+    ports: set[int] = set()
+    try:
+        root = psutil.Process(pid)
+        for p in [root, *root.children(recursive=True)]:
+            ports |= {c.laddr.port for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    except psutil.Error:
+        pass
+    return ports
+
+
+def reap_orphans(registry: Path | None = None) -> list[str]:
+    """Stop the boards in `registry` whose owner is dead; return their trackers.
+
+    A board's watchdogs normally stop it within a second of its owner's death; this catches
+    the rest (a board from a version before the watchdogs, a watchdog that was itself
+    killed or stopped). Only processes that are still the ones recorded (same pid, same
+    start time) are signalled. Boards with a living owner are left alone.
+    """
+    registry = registry or REGISTRY
+    reaped = []
+    for f in sorted(registry.glob("*.json")) if registry.is_dir() else []:
+        try:
+            state = json.loads(f.read_text())
+            owner, procs = state["owner"], state["procs"]
+        except (OSError, ValueError, KeyError, TypeError):
+            f.unlink(missing_ok=True)  # torn or foreign: nothing we can act on
+            continue
+        if alive(owner):
+            continue
+        running = [ident for ident in procs if alive(ident)]
+        for ident in reversed(running):
+            _terminate(ident["pid"], signal.SIGKILL)
+        for ident in running:
+            _group_gone(ident["pid"], timeout_s=5.0)
+        f.unlink(missing_ok=True)
+        if running:
+            log.warning("stopped %d process(es) of the local board at %s (key %r): its owner, pid %s, had died "
+                        "without stopping it", len(running), state.get("tracker"), state.get("key"),
+                        owner.get("pid"))
+            reaped.append(str(state.get("tracker")))
+    return reaped
 
 
 def _terminate(pid: int, sig: int = signal.SIGTERM) -> None:

@@ -6,6 +6,8 @@ tables (`vta-pipeline report`) and the flow publishes it as a Prefect table arti
 
 from __future__ import annotations
 
+import io
+
 import json
 import time
 from pathlib import Path
@@ -87,7 +89,8 @@ def render(result: dict[str, Any]) -> str:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(record=True, width=140, force_terminal=False)
+    # recorded into a string only: printing to stdout too would show every table twice
+    console = Console(file=io.StringIO(), record=True, width=140, force_terminal=False)
     title = f"{result['model']} on {result['board_key']} ({result['target']}), run {result['run_id']}"
     t = Table(title=title)
     for h in LATENCY_HEADER:

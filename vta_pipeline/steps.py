@@ -43,13 +43,33 @@ def check_target(cfg: PipelineConfig, target: ResolvedTarget) -> None:
 
 
 def check_local_board(cfg: PipelineConfig, target: ResolvedTarget) -> None:
-    """A local board runs on this machine: it cannot run code cross-compiled for another CPU."""
-    if cfg.board.tracker is None and target.cross_compiler:
+    """A local board runs on this machine: it cannot run code cross-compiled for another CPU,
+    nor GPU code on a machine whose TVM runtime sees no such GPU."""
+    if cfg.board.tracker is not None:
+        return
+    fix = (f"pass --tracker HOST:PORT of the tracker your {target.default_key!r} boards register with, "
+           "or build without a board with `vta-pipeline build`")
+    if target.cross_compiler:
         raise ConfigError(
             f"target {target.name!r} builds for another CPU ({target.full_json.get('mtriple', target.kind)}), "
-            f"which the local board on this machine cannot run: pass --tracker HOST:PORT of the tracker your "
-            f"{target.default_key!r} boards register with, or build without a board with `vta-pipeline build`"
+            f"which the local board on this machine cannot run: {fix}"
         )
+    if target.device != "cpu" and not local_device_exists(target.device):
+        raise ConfigError(
+            f"target {target.name!r} runs on a {target.device} device, and this machine has none that TVM's "
+            f"runtime can use (no GPU, no driver, or a TVM built without {target.device}), so a local board "
+            f"could not run it: {fix}"
+        )
+
+
+def local_device_exists(device: str) -> bool:
+    """Whether this machine's TVM runtime can open device 0 of kind `device` ("cuda", "opencl")."""
+    import tvm
+
+    try:
+        return bool({"cuda": tvm.cuda, "opencl": tvm.opencl}[device](0).exist)
+    except Exception:  # a runtime built without the device kind raises instead of answering False
+        return False
 
 
 # ---- fetch ------------------------------------------------------------------------------------

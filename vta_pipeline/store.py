@@ -37,6 +37,7 @@ from typing import Any
 from filelock import FileLock
 
 from . import __version__
+from .errors import ConfigError
 from .hashing import canonical_json, sha256_file, sha256_json
 
 MANIFEST = "manifest.json"
@@ -79,9 +80,29 @@ class Artifact:
         return {"step": self.step, "key": self.key, "path": str(self.path), "artifact_id": self.id}
 
 
+def check_store_path(root: Path | str) -> Path:
+    """The store's directory, resolved; a ConfigError naming the fix if it cannot be one.
+
+    Checked before anything is computed: a store path that names a file (or sits under one),
+    or a directory we may not write, would otherwise fail at the first step's mkdir.
+    """
+    path = Path(root).expanduser().resolve()
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                what = "is a file" if p == path else f"is under {p}, which is a file"
+                raise ConfigError(f"the store {path} {what}, not a directory: pass --store with a directory "
+                                  "(created if missing), e.g. --store ./vta-store")
+            if not os.access(p, os.W_OK | os.X_OK):
+                raise ConfigError(f"the store {path} cannot be created or written: {p} is not writable by this "
+                                  "user; pass --store with a directory you can write")
+            break
+    return path
+
+
 class ArtifactStore:
     def __init__(self, root: Path | str, policy: CachePolicy = CachePolicy.ON):
-        self.root = Path(root).expanduser().resolve()
+        self.root = check_store_path(root)
         self.policy = CachePolicy(policy)
         for sub in ("steps", "work", "runs", "locks", "quarantine"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from . import int8_dot, intrin_registry, pools
+from . import int8_dot, intrin_registry, pools, schedule_rules
 from .cost_model import lease as lease_cost_model
 from .config import MeasureConfig, TuneConfig
 from .errors import BoardError
@@ -568,6 +568,7 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
             since_best0=since0,
         )
         intrin_registry.load()  # what TuneContext imports, without its minute of inspect.stack() scans
+        schedule_rules.register()  # TOPI's pooling annotations, without a console warning per task
         ctx = ms.TuneContext(
             mod=workload_mod,
             target=target,

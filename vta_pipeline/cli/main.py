@@ -171,7 +171,7 @@ def run(
     def go():
         from vta_pipeline.targets import resolve_target
         from vta_pipeline.importers import check_model
-        from vta_pipeline.store import CachePolicy
+        from vta_pipeline.store import CachePolicy, check_store_path
 
         try:
             CachePolicy(cache)
@@ -196,6 +196,7 @@ def run(
         steps.check_target(cfg, tgt)  # toolchain, layout: before Prefect starts
         steps.check_local_board(cfg, tgt)
         check_model(cfg.model)
+        check_store_path(cfg.store)
         if cfg.board.tracker:  # a remote tracker: fail now, before Prefect starts, if it is down
             from vta_pipeline import boards
 
@@ -203,6 +204,9 @@ def run(
         _prefect_env()
         from flows.runners import with_task_runner
         from flows.tune_network import tune_network
+        from vta_pipeline.run_log import open_run_log
+
+        log_path = open_run_log(check_store_path(cfg.store))
 
         flow = with_task_runner(tune_network, dask, cfg)  # a bad cluster fails here, before any work
         if dask:  # progress events fire in the workers: the UI's progress artifact shows them
@@ -217,6 +221,7 @@ def run(
         typer.echo(render(result))
         if state.name == "Regressed":
             typer.secho(state.message, fg=typer.colors.YELLOW, bold=True)
+        typer.echo(f"full log: {log_path}")
 
     _guard(go)
 
@@ -493,7 +498,8 @@ def board_up(
 
     if BOARD_STATE.exists():
         _fail(f"a local board is already recorded in {BOARD_STATE}: run `vta-pipeline board down` first")
-    b = _guard(lambda: LocalBoard(key=key, num_servers=servers, host=host, port=port, state_file=BOARD_STATE).start())
+    b = _guard(lambda: LocalBoard(key=key, num_servers=servers, host=host, port=port, state_file=BOARD_STATE,
+                                  detached=True).start())
     typer.echo(f"tracker {b.tracker}, {servers} server(s) under key {key!r}; use --tracker {b.tracker} --key {key}")
 
 

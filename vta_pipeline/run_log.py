@@ -1,0 +1,32 @@
+"""Each command-line run keeps its full log in the store: `<store>/logs/run-<time>-<pid>.log`.
+
+The console shows what a user acts on (progress, results, errors). The log file gets that
+and what helps a developer: every INFO record of our library, Prefect and TVM, and Python
+warnings (a library's deprecation notice, say), which go only there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+LOGGERS = ("", "prefect", "vta_pipeline", "tvm", "py.warnings")
+"""The root logger and the ones that do not propagate to it (Prefect configures its own)."""
+
+
+def open_run_log(store_root: Path) -> Path:
+    """Attach a file handler for this process's run to the loggers above; return its path."""
+    d = Path(store_root) / "logs"
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setLevel(logging.INFO)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    for name in LOGGERS:
+        logging.getLogger(name).addHandler(handler)
+    logging.captureWarnings(True)
+    warnings_logger = logging.getLogger("py.warnings")
+    warnings_logger.propagate = False  # in the file, not on the console
+    return path
