@@ -215,7 +215,7 @@ def pipeline_run(model: str, source: str, store: Path, trials: int, threads: int
     runs = sorted((store / "runs").glob("*.json"), key=lambda p: p.stat().st_mtime)
     result = json.loads(runs[-1].read_text())
     events = [json.loads(line) for line in (store / "events.jsonl").read_text().splitlines()]
-    tune = [e["t"] for e in events if e["step"] == "tune" and e["t"] >= t0]
+    tune = [e["t"] for e in events if e.get("step") == "tune" and e["t"] >= t0]
     trials_done = sum(t.get("trials_this_run", t.get("trials", 0)) for t in result["tasks"])
     return {"result": result, "wall_s": wall, "tune_s": (max(tune) - min(tune)) if tune else None,
             "trials": trials_done}

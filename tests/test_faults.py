@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -242,25 +243,68 @@ def _cli(store, tracker, key, trials=8):
             "--store", str(store)]
 
 
-def test_sigkill_mid_tuning_then_rerun_resumes_from_the_records(tmp_path):
+def _flow_run_states(prefect_home: Path, run_ids: list[str]) -> dict[str, dict]:
+    """What the Prefect API (a temporary server on PREFECT_HOME's database, as the CLI uses)
+    shows for these flow runs and their task runs, asked from a fresh process."""
+    script = textwrap.dedent("""
+        import json, sys
+        from prefect import get_client
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+        out = {}
+        with get_client(sync_client=True) as c:
+            for rid in sys.argv[1:]:
+                run = c.read_flow_run(rid)
+                tasks = c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[rid])))
+                out[rid] = {"state": run.state.type.value, "message": run.state.message,
+                            "tasks": sorted({t.state.type.value for t in tasks})}
+        print(json.dumps(out))
+        """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    done = subprocess.run([sys.executable, "-c", script, *run_ids], env=dict(env, PREFECT_HOME=str(prefect_home)),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_sigkill_of_a_run_leaves_no_process_then_the_rerun_resumes_and_marks_it_crashed(tmp_path):
+    """SIGKILL of the run's own process (what the OOM killer does): its local board and Prefect's
+    temporary server go with it; the rerun resumes from the records and the killed run is shown
+    Crashed, with no task run left Running."""
     store = ArtifactStore(tmp_path / "store")
-    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"))
-    with LocalBoard(key="f4", num_servers=2) as b:
-        proc = subprocess.Popen(_cli(store.root, b.tracker, "f4"), env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"),
+               VTA_PIPELINE_BOARD_REGISTRY=str(tmp_path / "registry"))
+    cmd = [c for c in _cli(store.root, "-", "f4") if c not in ("--tracker", "-")]  # its own local board
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
         _wait_for(lambda: any(len(v) >= 4 for v in _all_trials(store).values()), what="a measured batch")
+        children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        assert len(children) >= 7  # Prefect's server, the tracker, 2 servers and their workers
         before = {k: len(v) for k, v in _all_trials(store).items()}
-        _kill(proc)  # the flow and its builder/runner workers
+        proc.kill()  # the run's process only: its children get no signal from us
         proc.wait(30)
-        done = subprocess.run(_cli(store.root, b.tracker, "f4"), env=env, capture_output=True, text=True,
-                              timeout=900)
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    fetches = [e for e in store.events() if e["step"] == "fetch" and e["event"] == "computed"]
+        deadline = time.monotonic() + 15
+        while [p for p in children if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]:
+            assert time.monotonic() < deadline, "processes of the killed run are still running: " + ", ".join(
+                " ".join(psutil.Process(p).cmdline()[1:5]) for p in children if psutil.pid_exists(p))
+            time.sleep(0.2)
+    finally:
+        proc.kill()
+    (killed,) = [e["flow_run_id"] for e in store.events() if e["event"] == "run_started"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "was left Running by a dead process: marked Crashed" in done.stdout + done.stderr
+    assert done.stdout.count(", run took ") == 1  # the result tables, printed once
+    fetches = [e for e in store.events() if e.get("step") == "fetch" and e["event"] == "computed"]
     assert len(fetches) == 1  # taken from the store by the rerun
     for k, rows in _all_trials(store).items():
         assert [r["trial"] for r in rows] == list(range(len(rows)))
         assert len({r["schedule_hash"] for r in rows}) == len(rows) == 8
         assert len(rows) - before.get(k, 0) <= 8 - before.get(k, 0)  # nothing recorded was redone
+    rerun = [e["flow_run_id"] for e in store.events() if e["event"] == "run_started"][-1]
+    states = _flow_run_states(tmp_path / "prefect", [killed, rerun])
+    assert states[killed]["state"] == "CRASHED" and "died" in states[killed]["message"]
+    assert "RUNNING" not in states[killed]["tasks"] and "CRASHED" in states[killed]["tasks"]
+    assert states[rerun]["state"] == "COMPLETED"
 
 
 # ---- 8. two runs on one store at once ------------------------------------------------------------

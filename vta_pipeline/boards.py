@@ -130,7 +130,7 @@ class LocalBoard:
     """A tracker and N rpc_server processes on 127.0.0.1 (or another bind address).
 
     Owned (the default, `detached=False`): every process runs under
-    `vta_pipeline.board_watchdog` and kills its own process group when the process that
+    `vta_pipeline.watchdog` and kills its own process group when the process that
     started the board dies, however it dies; the board is also recorded in `registry`, so
     the next board started on this machine reaps it if the watchdogs could not (see
     `reap_orphans`). Detached (`board up`): the board outlives the command that started
@@ -171,7 +171,7 @@ class LocalBoard:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         cmd = [sys.executable, "-m"]
         if not self.detached:
-            cmd += ["vta_pipeline.board_watchdog", "--watch", str(os.getpid()), "--"]
+            cmd += ["vta_pipeline.watchdog", "--watch", str(os.getpid()), "--"]
         path = self._log_path(role)
         with path.open("ab") as out:
             out.write(f"---- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(args)}\n".encode())

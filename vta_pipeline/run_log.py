@@ -24,9 +24,16 @@ def open_run_log(store_root: Path) -> Path:
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setLevel(logging.INFO)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
-    for name in LOGGERS:
-        logging.getLogger(name).addHandler(handler)
     logging.captureWarnings(True)
-    warnings_logger = logging.getLogger("py.warnings")
-    warnings_logger.propagate = False  # in the file, not on the console
+    logging.getLogger("py.warnings").propagate = False  # in the file, not on the console
+    for name in LOGGERS:
+        _attach(logging.getLogger(name), handler)
     return path
+
+
+def _attach(logger: logging.Logger, handler: logging.Handler) -> None:
+    """Add `handler` where `logger`'s records stop propagating (once: never twice per record)."""
+    while logger.propagate and logger.parent is not None:
+        logger = logger.parent
+    if handler not in logger.handlers:
+        logger.addHandler(handler)

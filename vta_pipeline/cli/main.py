@@ -207,6 +207,7 @@ def run(
         from vta_pipeline.run_log import open_run_log
 
         log_path = open_run_log(check_store_path(cfg.store))
+        _temporary_prefect_server()
 
         flow = with_task_runner(tune_network, dask, cfg)  # a bad cluster fails here, before any work
         if dask:  # progress events fire in the workers: the UI's progress artifact shows them
@@ -262,6 +263,25 @@ def _prefect_env() -> None:
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "vta_pipeline")
     os.environ.setdefault("PREFECT_RESULTS_PERSIST_BY_DEFAULT", "true")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+def _temporary_prefect_server() -> None:
+    """Without PREFECT_API_URL, Prefect runs the flow against a temporary API server, a
+    child process it stops at exit. A run killed with SIGKILL has no exit, and that server
+    (and its SQLite database lock) would stay; start it here, watched by a reaper that stops
+    it when this process dies."""
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    from vta_pipeline.watchdog import spawn_reaper
+
+    server = SubprocessASGIServer()  # the instance Prefect's client will use (one per process)
+    server.start()
+    if server.server_process is not None:
+        spawn_reaper([server.server_process.pid])
 
 
 # ---- tasks ---------------------------------------------------------------------------------------
