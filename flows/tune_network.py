@@ -94,10 +94,11 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
     key = cfg.board.key
     with ExitStack() as stack:
         if cfg.board.tracker is None:
-            logger.info("starting a local board: tracker + %d rpc servers on 127.0.0.1, key %r",
-                        cfg.board.local_servers, key)
+            threads = cfg.board.local_threads or target.cpu_threads or os.cpu_count() or 1
+            logger.info("starting a local board: tracker + %d rpc server(s) on 127.0.0.1, key %r, %d thread(s)",
+                        cfg.board.local_servers, key, threads)
             local = stack.enter_context(boards.LocalBoard(key=key, num_servers=cfg.board.local_servers,
-                                                                log_dir=store.root / "logs"))
+                                                          threads=threads, log_dir=store.root / "logs"))
             tracker = local.tracker
         else:
             tracker = cfg.board.tracker
@@ -109,6 +110,12 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
                                         cross_compiler=target.cross_compiler)
         logger.info("tracker %s: %d board(s) under key %r; health check passed (%.4f ms)",
                     tracker, n_boards, key, health_ms)
+        if target.cpu_threads:
+            board_threads = boards.board_threads(host, port, key)
+            logger.info("boards under key %r run kernels with %d thread(s)%s", key, board_threads,
+                        "" if board_threads == target.cpu_threads else
+                        f"; the target is scheduled for {target.cpu_threads} core(s): set TVM_NUM_THREADS="
+                        f"{target.cpu_threads} where the boards' rpc_server starts")
         if target.query_device:  # the board's own GPU limits, not a typical board's
             params = boards.device_params(host, port, key, target.device)
             target = target.with_device_params(params)
@@ -138,7 +145,7 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
         first = allocation.first_round(cfg.tune.trials_per_task) if latency_steered else cfg.tune.trials_per_task
         budgets = {t.name: first for t in tasks}  # the progress bar and fan_out read the same dict
         trials = _TrialProgress(work_dirs, budgets, cfg.tune.trials_per_task * len(tasks),
-                                f"tuning trials of {cfg.model.name}")
+                                f"tuning trials of {cfg.model.display_name}")
 
         def fan_out(todo: list) -> dict[str, Any]:
             futures, pending, running = {}, list(todo), []

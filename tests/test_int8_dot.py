@@ -233,3 +233,22 @@ def test_tuned_weights_are_prepacked_once_at_build_time(tmp_path):
     ex = tvm.compile(packed, target=target)
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_a_block_the_intrinsic_does_not_fit_stays_plain_and_is_counted_not_printed(capfd):
+    """What MetaSchedule's RewriteTensorize does, without one console warning per candidate."""
+    from tvm import te
+
+    int8_dot.register()
+    a = te.placeholder((1, 8), "uint8", name="a")  # 8 lanes: the 16x4 dot product does not fit
+    w = te.placeholder((8, 8), "int8", name="w")
+    k = te.reduce_axis((0, 8), name="k")
+    c = te.compute((1, 8), lambda i, j: te.sum(a[i, k].astype("int32") * w[j, k].astype("int32"), axis=k), name="c")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([a, w, c]))
+    sch.annotate(sch.get_sblock("c"), int8_dot.AUTO_TENSORIZE, int8_dot.AVX2)
+    failures = int8_dot.TensorizeFailures()
+    assert int8_dot.quiet_rewrite_tensorize(failures).apply(sch)
+    assert failures.count == 1 and "block 'c'" in failures.first and int8_dot.AVX2 in failures.first
+    assert int8_dot.AUTO_TENSORIZE not in sch.get(sch.get_sblock("c")).annotations  # plain loops, built as usual
+    tvm.compile(sch.mod, target=tvm.target.Target(HERE))
+    assert "Tensorize failed" not in capfd.readouterr().err

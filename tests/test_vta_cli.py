@@ -59,3 +59,17 @@ def test_an_unpackable_region_fails_before_tuning_and_keeps_the_finished_steps(t
     assert code == 2 and "cannot pack #" in out and "Traceback" not in out
     done = {p.parent.parent.name for p in (store / "steps").glob("*/*/manifest.json")}
     assert done == {"fetch", "quantize"}
+
+
+def test_a_one_conv_onnx_model_names_its_file_and_the_skip_fix(tmp_path):
+    from test_importers import _tiny_onnx
+
+    onnx_file = _tiny_onnx(tmp_path / "oneconv.onnx")
+    model = ["--source", "onnx", "--onnx-path", str(onnx_file), "--input-shape", "1,3,8,8",
+             "--store", str(tmp_path / "s")]
+    code, out = _invoke(["pack-points", *model])
+    assert code == 0 and "operators of oneconv" in out and "tinynet" not in out
+    code, out = _invoke(["tasks", "--vta", *model])  # the default keeps conv 0 (the only one) in float
+    assert code == 2 and "has 1 conv2d layer(s)" in out and "--skip-conv-layers ''" in out
+    code, out = _invoke(["tasks", "--quantize", "--skip-conv-layers", "", "--json", *model])
+    assert code == 0, out

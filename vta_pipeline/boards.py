@@ -138,22 +138,30 @@ class LocalBoard:
 
     Each process's output goes to a log of its own in `log_dir`: when a process does not
     come up, the error shows the tail of its log.
+
+    One server by default: two servers on one host time candidates at the same time on the
+    same cores, and each slows the other (candidates ranked 10-100 measured up to 3x slower
+    than re-timed alone), which misleads the search's cost model. Each server's kernels run
+    `threads` threads (default: this machine's logical CPUs, TVM_NUM_THREADS).
     """
 
     key: str = "host"
-    num_servers: int = 2
+    num_servers: int = 1
     host: str = "127.0.0.1"
     port: int = 0
     state_file: Path | None = None
     log_dir: Path | None = None
     detached: bool = False
     registry: Path | None = None
+    threads: int | None = None
     procs: list[subprocess.Popen] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.log_dir = Path(self.log_dir) if self.log_dir else None
         self.registry = Path(self.registry) if self.registry else None
+        if self.threads is None:
+            self.threads = os.cpu_count() or 1
 
     @property
     def tracker(self) -> str:
@@ -168,7 +176,9 @@ class LocalBoard:
         return d / f"board-{self.key}-{self.port}-{role}.log"
 
     def _spawn(self, args: list[str], role: str) -> subprocess.Popen:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # TVM's runtime uses half the logical CPUs on x86 unless told (it assumes SMT): a
+        # board measures with the threads the network will run with, the target's cores.
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TVM_NUM_THREADS=str(self.threads))
         cmd = [sys.executable, "-m"]
         if not self.detached:
             cmd += ["vta_pipeline.watchdog", "--watch", str(os.getpid()), "--"]
@@ -525,6 +535,16 @@ def health_check(host: str, port: int, key: str, target_spec: dict[str, Any], ti
         raise BoardError(f"health check: a board under key {key!r} at the tracker {host}:{port} computed a wrong "
                          "result for y = x + 1")
     return float(ms)
+
+
+def board_threads(host: str, port: int, key: str, timeout_s: float = 60.0) -> int:
+    """The threads a board under `key` runs CPU kernels with, as its TVM runtime reports it.
+
+    TVM_NUM_THREADS on the board's rpc_server sets it; unset, TVM uses half the logical CPUs
+    on x86 (it assumes SMT) and all of them elsewhere.
+    """
+    return int(_on_a_board(host, port, key, timeout_s, lambda remote: remote.get_function("runtime.NumThreads")(),
+                           "thread count query"))
 
 
 # What MetaSchedule's GPU search must obey, as the device reports it (tvm.runtime.Device).

@@ -49,6 +49,12 @@ class ModelConfig(_Strict):
             raise ValueError("source 'onnx' needs a path: pass --onnx-path FILE.onnx")
         return self
 
+    @property
+    def display_name(self) -> str:
+        """What to call the model in titles: an ONNX file by its name, others by `name`
+        (which keeps its default, tinynet, when the model comes from a file)."""
+        return Path(self.path).stem if self.source == "onnx" and self.path else self.name
+
 
 class TuneConfig(_Strict):
     trials_per_task: int = Field(16, gt=0, description="Measured trials per tuning task.")
@@ -99,14 +105,20 @@ class MeasureConfig(_Strict):
 
     number: int = Field(5, gt=0, description="Runs averaged into one measurement.")
     repeat: int = Field(1, gt=0, description="Measurements per candidate.")
-    min_repeat_ms: int = Field(0, ge=0, description="Minimum duration of one repeat (GPUs).")
+    min_repeat_ms: int = Field(
+        40, ge=0, description="Minimum duration of one repeat: a kernel of microseconds is run enough times that "
+                              "timer and call overhead do not rank the candidates.")
     timeout_s: int = Field(60, gt=0, description="RPC session timeout per measurement.")
     enable_cpu_cache_flush: bool = Field(False, description="Flush caches between runs (CPUs).")
 
 
 class EvalConfig(_Strict):
-    number: int = Field(1, gt=0, description="Runs per timed repeat.")
+    number: int = Field(1, gt=0, description="Runs per timed repeat, at least (see min_repeat_ms).")
     repeat: int = Field(10, gt=0, description="Timed repeats (mean/std/median over these).")
+    min_repeat_ms: float = Field(
+        200.0, ge=0,
+        description="Each repeat runs the network enough times to last this long, so that one repeat of a "
+                    "fast build is not at the mercy of the timer and one scheduler tick.")
     max_seconds: float = Field(
         30.0, gt=0,
         description="Time budget of the timed repeats: a build slower than max_seconds / repeat per run (an "
@@ -176,7 +188,13 @@ class BoardConfig(_Strict):
         None, description="HOST:PORT of the RPC tracker; unset = start a local board on 127.0.0.1."
     )
     key: str = Field("host", description="Device key the boards register under.")
-    local_servers: int = Field(2, gt=0, description="rpc_server processes of the local board.")
+    local_servers: int = Field(
+        1, gt=0, description="rpc_server processes of the local board. More than one time candidates at the "
+                             "same time on the same cores, each slowing the others: keep 1 unless measuring "
+                             "is what you are testing.")
+    local_threads: int | None = Field(
+        None, gt=0, description="Threads the local board runs kernels with (TVM_NUM_THREADS of its servers); "
+                                "default: the target's num-cores, else this machine's logical CPUs.")
     max_boards: int | None = Field(None, gt=0, description="Use at most this many boards at once.")
 
     @field_validator("tracker")

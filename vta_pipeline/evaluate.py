@@ -9,6 +9,7 @@ run instead of shipping.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ import numpy as np
 from .errors import BoardError
 
 STEP = "evaluate"
-VERSION = 2  # 2: repeats within a time budget
+VERSION = 3  # 2: repeats within a time budget; 3: runs per repeat from min_repeat_ms, the board's threads
 MIN_REPEAT = 3
 
 
@@ -35,22 +36,29 @@ class Evaluation:
     correct: bool
     board: str
     vs_float: dict[str, Any] | None = None  # int8 networks: agreement with the float model
+    number: int = 1  # runs averaged into each repeat
+    threads: int | None = None  # threads the board ran the network with, as it reported them (CPUs)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def repeats_within(repeat: int, number: int, max_seconds: float | None, time_one_run) -> int:
-    """How many of the `repeat` timed repeats fit in `max_seconds` (at least MIN_REPEAT).
+def plan_timing(number: int, repeat: int, min_repeat_ms: float, max_seconds: float | None,
+                per_run_s: float) -> tuple[int, int]:
+    """(runs per repeat, repeats) for a network that runs in `per_run_s`.
 
-    An untuned resnet18 runs 2 s per inference here: 30 repeats took a minute of every
-    run for a number nobody compares closely. `time_one_run()` (one more run: what a fast
-    build pays for the estimate) gives the seconds of one inference."""
+    Runs per repeat: at least `number`, and enough that one repeat lasts `min_repeat_ms`. A
+    repeat of one 2 ms run is at the mercy of the timer, the caches and one scheduler tick:
+    10 such repeats reported 3.24 ms where a quiet re-time of the same library gave 2.77.
+    Repeats: `repeat`, fewer if they do not fit in `max_seconds` (an untuned resnet18 runs
+    2 s per inference), never fewer than MIN_REPEAT.
+    """
+    per_run_s = max(float(per_run_s), 1e-9)
+    number = max(number, math.ceil(min_repeat_ms / 1e3 / per_run_s))
     if max_seconds is None or repeat <= MIN_REPEAT:
-        return repeat
-    per_run = float(time_one_run())
-    fit = int(max_seconds / max(per_run * number, 1e-9))
-    return max(MIN_REPEAT, min(repeat, fit))
+        return number, repeat
+    fit = int(max_seconds / (per_run_s * number))
+    return number, max(MIN_REPEAT, min(repeat, fit))
 
 
 def _device(remote, kind: str):
@@ -70,7 +78,10 @@ def evaluate_on_board(
     session_timeout: int = 600,
     float_output: np.ndarray | None = None,
     max_seconds: float | None = None,
+    min_repeat_ms: float = 0.0,
 ) -> Evaluation:
+    """Upload, run once for the output check, then time: a warm-up run (it also sizes the
+    repeats, see `plan_timing`) and `repeat` repeats of `number` or more runs each."""
     import tvm
     from tvm import relax, rpc
 
@@ -95,10 +106,12 @@ def evaluate_on_board(
         xd = tvm.runtime.tensor(x, dev)
         out = vm["main"](xd)
         y = (out[0] if not isinstance(out, tvm.runtime.Tensor) else out).numpy()
-        repeat = repeats_within(repeat, number, max_seconds, lambda: vm.time_evaluator("main", dev, number=1)(xd).mean)
+        per_run_s = vm.time_evaluator("main", dev, number=1, repeat=1)(xd).mean  # warm, and sized
+        number, repeat = plan_timing(number, repeat, min_repeat_ms, max_seconds, per_run_s)
         timer = vm.time_evaluator("main", dev, number=number, repeat=repeat)
         res = timer(xd)
         reps = [float(r) * 1e3 for r in res.results]
+        threads = int(remote.get_function("runtime.NumThreads")()) if target_kind == "llvm" else None
     except BoardError:
         raise
     except Exception as e:
@@ -122,4 +135,6 @@ def evaluate_on_board(
         correct=bool(np.allclose(y, yr, rtol=rtol, atol=atol)),
         board=f"{key}@{host}:{port}",
         vs_float=vs_float,
+        number=number,
+        threads=threads,
     )

@@ -54,6 +54,7 @@ MEASUREMENT_SCHEMA = pa.schema([
     ("latency_ms", pa.float64()),
     ("gflops", pa.float64()),
     ("error", pa.string()),
+    ("threads", pa.int32()),      # threads the board ran the candidate with (as it reported them)
 ])
 
 EVALUATION_SCHEMA = pa.schema([
@@ -75,6 +76,7 @@ EVALUATION_SCHEMA = pa.schema([
     ("tuning_tasks", pa.int64()),
     ("run_seconds", pa.float64()),
     ("evaluated_at", pa.timestamp("ms", tz="UTC")),
+    ("threads", pa.int32()),      # threads the board ran the network with (as it reported them)
 ])
 
 
@@ -157,6 +159,7 @@ def measurement_rows(run: dict[str, Any], tune_dir: Path) -> list[dict[str, Any]
             "trial": t["trial"], "measured_at": _ts(t.get("t")), "schedule_hash": t.get("schedule_hash"),
             "record": json.dumps(t["record"]) if t.get("record") is not None else None,
             "latency_ms": lat, "gflops": flops / lat / 1e6 if lat and flops else None, "error": t.get("error"),
+            "threads": t.get("threads"),
         })
     return rows
 
@@ -174,6 +177,7 @@ def evaluation_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             "correct": bool(e.get("correct")), "max_abs_err": e.get("max_abs_err"),
             "trials": sum(t.get("trials", 0) for t in result["tasks"]), "tuning_tasks": len(result["tasks"]),
             "run_seconds": result.get("seconds"), "evaluated_at": _ts(result.get("finished")),
+            "threads": e.get("threads"),
         })
     return rows
 

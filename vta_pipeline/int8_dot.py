@@ -27,6 +27,7 @@ every intrinsic TVM ships (tens of seconds on this machine).
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 LANES, REDUCE = 16, 4
@@ -146,7 +147,7 @@ def intrinsic_for(target: Any) -> str | None:
     return None
 
 
-def space_generator(target: Any, workload: Any) -> Any:
+def space_generator(target: Any, workload: Any, failures: TensorizeFailures | None = None) -> Any:
     """MetaSchedule's x86 design space with the dot-product rule, for workloads that multiply
     uint8 by int8; "post-order-apply" (the defaults) for everything else.
 
@@ -169,8 +170,86 @@ def space_generator(target: Any, workload: Any) -> Any:
     # graph pack), and MetaSchedule's layout rewrite of tensorized blocks crashed candidate
     # generation here (RemoveLayoutRewriteBlock: "ind.as<PrimVar>()").
     postprocs = [ms.postproc.DisallowDynamicLoop(), ms.postproc.RewriteParallelVectorizeUnroll(),
-                 ms.postproc.RewriteReductionBlock(), ms.postproc.RewriteTensorize(vectorize_init_loop=True)]
+                 ms.postproc.RewriteReductionBlock(), quiet_rewrite_tensorize(failures)]
     return ms.space_generator.PostOrderApply(sch_rules=rules, postprocs=postprocs, mutator_probs="llvm")
+
+
+AUTO_TENSORIZE = "meta_schedule.auto_tensorize"
+
+
+class TensorizeFailures:
+    """Candidates whose annotated block the intrinsic could not be applied to (kept as plain
+    loops, as MetaSchedule's RewriteTensorize keeps them), counted per task, with the first
+    error: said once per task in the log instead of one console warning per candidate."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+        self.first: str | None = None
+
+    def add(self, block: str, intrin: str, error: Exception) -> None:
+        with self._lock:
+            self.count += 1
+            if self.first is None:
+                msg = str(error).strip().splitlines()
+                self.first = f"block {block!r}, intrinsic {intrin!r}: {msg[-1] if msg else type(error).__name__}"
+
+
+def quiet_rewrite_tensorize(failures: TensorizeFailures | None = None):
+    """MetaSchedule's RewriteTensorize (vectorize_init_loop=True) written in Python: each block
+    annotated for auto-tensorization is tensorized with its intrinsic, its init block's loop
+    vectorized; a block the intrinsic does not fit stays as plain loops and is counted in
+    `failures` instead of printing "Tensorize failed with error" to the console."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.postproc import PyPostproc
+
+    failures = failures if failures is not None else TensorizeFailures()
+
+    @derived_object
+    class QuietRewriteTensorize(PyPostproc):
+        def __init__(self) -> None:
+            self.failures = failures
+
+        def _initialize_with_tune_context(self, context) -> None:
+            pass
+
+        def apply(self, sch) -> bool:
+            jobs = []  # (function, block name, intrinsic): blocks are looked up again by name, as
+            for gv, func in sch.mod.functions.items():  # tensorizing one replaces its subtree
+                if not hasattr(func, "body"):
+                    continue
+                for block in _all_blocks(sch, gv.name_hint):
+                    stmt = sch.get(block)
+                    if AUTO_TENSORIZE in stmt.annotations:
+                        jobs.append((gv.name_hint, stmt.name_hint, str(stmt.annotations[AUTO_TENSORIZE])))
+            for func_name, name, intrin in jobs:
+                block = sch.get_sblock(name, func_name)
+                sch.unannotate(block, AUTO_TENSORIZE)
+                if intrin:
+                    try:
+                        sch.tensorize(block, intrin)
+                    except Exception as e:  # noqa: BLE001 - kept untensorized, as TVM does
+                        self.failures.add(name, intrin, e)
+                elif not name.startswith("init"):  # the reduction's init: vectorize its loop
+                    (child,) = sch.get_child_blocks(block)
+                    (loop,) = sch.get_loops(child)
+                    sch.vectorize(loop)
+            return True
+
+        def clone(self):
+            return QuietRewriteTensorize()
+
+    return QuietRewriteTensorize()
+
+
+def _all_blocks(sch, func_name: str) -> list:
+    """Every block of a function, parents before children."""
+    out, todo = [], [sch.get_sblock("root", func_name)]
+    while todo:
+        block = todo.pop()
+        out.append(block)
+        todo.extend(sch.get_child_blocks(block))
+    return out[1:]
 
 
 def _multiplies_uint8(workload: Any) -> bool:

@@ -112,7 +112,15 @@ def quantize_model(model_dir: Path, cfg: QuantizeConfig, out_dir: Path, seed: in
         params.var_act_exp = calibrate(mod, cfg, calibration_inputs(cfg, tuple(x.shape), seed))
     qmod, layers = quantize(mod, params)
     if not any(l.quantized for l in layers):
-        raise ModelError("quantize found no conv2d layer to quantize (all skipped, or weights not constants)")
+        skipped = [i for i in cfg.skip_conv_layers if 0 <= i < n_conv]
+        if skipped and len(skipped) >= n_conv:
+            raise ConfigError(
+                f"quantize found no conv2d layer to quantize: the model has {n_conv} conv2d layer(s) and "
+                f"quantize.skip_conv_layers {list(cfg.skip_conv_layers)} keeps all of them in float (the default "
+                "keeps the first, the stem, in float). Pass --skip-conv-layers '' to quantize every conv"
+            )
+        raise ModelError("quantize found no conv2d layer to quantize: no conv2d has constant weights "
+                         "(weights that are inputs of the model cannot be quantized ahead of time)")
     try:
         y_int, _ = emulate.run(qmod, [x])
     except ModelError as e:

@@ -59,11 +59,12 @@ def latency_rows(result: dict[str, Any]) -> list[list[str]]:
             label, f"{e['mean_ms']:.3f}", f"{e['std_ms']:.3f}", f"{e['median_ms']:.3f}",
             f"{result['untuned']['mean_ms'] / e['mean_ms']:.2f}x",
             "yes" if e["correct"] else f"NO (max err {e['max_abs_err']:.2e})",
+            str(e.get("threads") or "-"),
         ])
     return rows
 
 
-LATENCY_HEADER = ["build", "mean ms", "std ms", "median ms", "speed-up", "output correct"]
+LATENCY_HEADER = ["build", "mean ms", "std ms", "median ms", "speed-up", "output correct", "board threads"]
 TASK_HEADER = ["#", "task", "weight", "workload", "trials", "errors", "best ms", "GFLOPS", "default ms", "build uses",
                "stopped"]
 

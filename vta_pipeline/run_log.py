@@ -12,8 +12,9 @@ import os
 import time
 from pathlib import Path
 
-LOGGERS = ("", "prefect", "vta_pipeline", "tvm", "py.warnings")
-"""The root logger and the ones that do not propagate to it (Prefect configures its own)."""
+LOGGERS = ("", "prefect", "vta_pipeline", "tvm", "py.warnings", "vta_pipeline_details")
+"""The root logger and the ones that may not propagate to it (Prefect configures its own;
+`vta_pipeline_details` carries what only a developer reads)."""
 
 
 def open_run_log(store_root: Path) -> Path:
@@ -26,6 +27,7 @@ def open_run_log(store_root: Path) -> Path:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     logging.captureWarnings(True)
     logging.getLogger("py.warnings").propagate = False  # in the file, not on the console
+    logging.getLogger("vta_pipeline_details").setLevel(logging.INFO)
     for name in LOGGERS:
         _attach(logging.getLogger(name), handler)
     return path

@@ -271,6 +271,7 @@ def evaluate_step(store: ArtifactStore, built: Artifact, fetched: Artifact, targ
             built.file(build_mod.LIB), importers.load_reference(fetched.path), target.kind,
             tracker, board_key, cfg.number, cfg.repeat, cfg.rtol, cfg.atol,
             float_output=importers.load_float_reference(fetched.path), max_seconds=cfg.max_seconds,
+            min_repeat_ms=cfg.min_repeat_ms,
         )
         (out / "evaluation.json").write_text(json.dumps(ev.to_dict(), indent=1))
         return ev.to_dict()

@@ -229,6 +229,15 @@ class ResolvedTarget:
     def is_gpu(self) -> bool:
         return self.device != "cpu"
 
+    @property
+    def cpu_threads(self) -> int | None:
+        """The cores a CPU target's kernels are scheduled for ("num-cores"): the threads a
+        board should run them with. None for GPU targets."""
+        if self.kind != "llvm":
+            return None
+        n = self.target_json.get("num-cores")
+        return int(n) if n else None
+
     def to_dict(self) -> dict[str, Any]:
         d = {"name": self.name, "target": self.target_json, "host": self.host_json, "key": self.default_key}
         if self.layout != "NCHW":  # part of step keys: the NCHW presets keep their old keys

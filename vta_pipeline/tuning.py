@@ -78,6 +78,7 @@ class TuneOutcome:
     warm_start: int = 0  # records seeded from earlier sessions
     previous_best_ms: float | None = None  # best of the workload in earlier sessions (history)
     reached_previous_best_at: int | None = None  # first trial of the session at or below previous_best_ms
+    threads: int | None = None  # threads the board measured with (its own report), CPU targets
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -205,7 +206,8 @@ def _make_guarded_search(inner, *, known_hashes: set[int], early_stopping: int |
 
 
 def _make_log_callback(work_dir: Path, task_name: str, progress: Callable[[dict[str, Any]], None] | None,
-                       start_index: int, budget: int, workload, target, session: str | None):
+                       start_index: int, budget: int, workload, target, session: str | None,
+                       threads: int | None = None):
     from tvm_ffi import structural_hash
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
@@ -232,6 +234,7 @@ def _make_log_callback(work_dir: Path, task_name: str, progress: Callable[[dict[
                     "error": None if err is None else ("build: " if b.error_msg else "run: ") + str(err).strip()[-1000:],
                     "schedule_hash": f"{structural_hash(c.sch.mod) & HASH_MASK:016x}",
                     "record": None if secs >= FAILED else _record_json(c, workload, r.run_secs, target),
+                    "threads": threads,
                 })
                 self.index += 1
             _append_trials(work_dir, rows)
@@ -524,6 +527,8 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
                  f"{previous_best_ms:.4f}" if previous_best_ms else "-")
     stopped = state.get("stopped", "budget") if state.get("status") == "finished" else "budget"
     finished_at_budget = state.get("status") == "finished" and state.get("budget", 0) >= tune.trials_per_task
+    threads = None
+    failures = int8_dot.TensorizeFailures()
     for _round in range(MAX_ROUNDS):
         db = ms.database.JSONDatabase(work_dir=str(work_dir))
         lats, best0, since0 = _history(work_dir)
@@ -547,6 +552,8 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
                 f"Start one with `python -m tvm.exec.rpc_server --tracker {board.tracker_host}:{board.tracker_port} "
                 f"--key {board.key}` and rerun: tuning continues from the records"
             )
+        if threads is None and target.kind.name == "llvm":  # read off the board, once per call
+            threads = _board_threads(board)
         done = len(lats)
         write_state(work_dir, status="tuning", task=task_name, budget=tune.trials_per_task, done=done, valid=valid)
         publish({"task": task_name, "trials": valid, "budget": tune.trials_per_task, "batch": []})
@@ -572,7 +579,7 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
         ctx = ms.TuneContext(
             mod=workload_mod,
             target=target,
-            space_generator=int8_dot.space_generator(target, workload_mod),
+            space_generator=int8_dot.space_generator(target, workload_mod, failures),
             search_strategy=guard,
             task_name=task_name,
             rand_state=tune.seed + done,  # a resumed run must not replay the same random stream
@@ -580,7 +587,7 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
         )
         callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
         callbacks.append(_make_log_callback(work_dir, task_name, progress, done, tune.trials_per_task,
-                                            ms.database.Workload(workload_mod), target, tune.session))
+                                            ms.database.Workload(workload_mod), target, tune.session, threads))
         boards_now = BoardSpec(board.tracker_host, board.tracker_port, board.key, min(board.num_boards, n_boards))
         model_lease = (lease_cost_model(work_dir, target) if tune.cost_model == "xgb"
                        else contextlib.nullcontext("random"))
@@ -617,6 +624,8 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
         if guard.run_valid == 0:  # nothing new could be measured: do not spin
             stopped = "search-exhausted"
             break
+    if failures.count:
+        _note_tensorize_failures(work_dir, task_name, failures)
     # After the search, not before it: a board that dies or hangs is then already out of the
     # tracker's rotation, and the trial log stays exactly what the search measured.
     if not (work_dir / "default.json").exists() and _boards_left(board):
@@ -654,7 +663,44 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
         warm_start=int(warm.get("seeded", 0)),
         previous_best_ms=previous_best_ms,
         reached_previous_best_at=reached,
+        threads=_last_threads(work_dir),
     )
+
+
+details = logging.getLogger("vta_pipeline_details")
+"""What helps a developer and nobody running a job acts on: the run's log file, not the console."""
+details.propagate = False
+
+
+def _note_tensorize_failures(work_dir: Path, task_name: str, failures: int8_dot.TensorizeFailures) -> None:
+    """Once per task (not once per candidate): how many candidates kept plain loops because the
+    dot-product intrinsic did not fit their block, and why the first did; kept in the work dir."""
+    path = Path(work_dir) / "tensorize_failures.json"
+    before = json.loads(path.read_text()) if path.exists() else {"candidates": 0, "first_error": None}
+    total = before["candidates"] + failures.count
+    atomic_write_text(path, json.dumps({"candidates": total, "first_error": before["first_error"] or failures.first}))
+    details.info("task %s: %d candidate(s) kept plain int8 loops: the dot-product intrinsic did not fit "
+                 "their block (first: %s); %d in all, see %s", task_name, failures.count, failures.first, total, path)
+
+
+def _board_threads(board: BoardSpec) -> int | None:
+    """The threads the key's boards run kernels with, as one of them reports; None (and a
+    warning) where the board cannot say (a runtime without the query)."""
+    from .boards import board_threads
+
+    try:
+        return board_threads(board.tracker_host, board.tracker_port, board.key)
+    except BoardError as e:
+        log.warning("could not read the thread count of a board under key %r: %s", board.key, e)
+        return None
+
+
+def _last_threads(work_dir: Path) -> int | None:
+    """The thread count of the task's latest measurement that recorded one."""
+    for row in reversed(read_trials(work_dir)):
+        if row.get("threads"):
+            return int(row["threads"])
+    return None
 
 
 def _boards_left(board: BoardSpec) -> bool:

@@ -126,7 +126,10 @@ def run(
     target: TargetOpt = None,
     tracker: TrackerOpt = None,
     key: KeyOpt = None,
-    local_servers: Annotated[Optional[int], typer.Option(help="rpc servers of the local board.")] = None,
+    local_servers: Annotated[Optional[int], typer.Option(
+        help="rpc servers of the local board (1: one measurement at a time on this machine's cores).")] = None,
+    local_threads: Annotated[Optional[int], typer.Option(
+        help="Threads the local board runs kernels with (default: the target's num-cores).")] = None,
     trials_per_task: Annotated[Optional[int], typer.Option(help="Measured trials per task.")] = None,
     trials_per_batch: Annotated[Optional[int], typer.Option(help="Candidates per measured batch.")] = None,
     allocation: Annotated[Optional[str], typer.Option(
@@ -180,6 +183,7 @@ def run(
         cfg = _config(config, {
             **_model_overrides(model, source, onnx_path, input_shape), "model.pretrained": pretrained,
             "target": target, "board.tracker": tracker, "board.key": key, "board.local_servers": local_servers,
+            "board.local_threads": local_threads,
             "tune.trials_per_task": trials_per_task, "tune.trials_per_batch": trials_per_batch,
             "tune.allocation": allocation, "tune.cost_model": cost_model, "tune.search": search,
             "tune.early_stopping": early_stopping,
@@ -345,7 +349,7 @@ def tasks_cmd(
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title=f"tuning tasks of {cfg.model.name} for {tgt.name}")
+        table = Table(title=f"tuning tasks of {cfg.model.display_name} for {tgt.name}")
         for h in ("#", "task", "weight", "MFLOP", *WORKLOAD_FIELDS):
             table.add_column(h)
         for t in tasks:
@@ -399,7 +403,7 @@ def pack_points_cmd(
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title=f"operators of {cfg.model.name} (blocks b={res['bfactor']}, c={res['cfactor']})")
+        table = Table(title=f"operators of {cfg.model.display_name} (blocks b={res['bfactor']}, c={res['cfactor']})")
         for h in ("#", "operator", "occurrence", "inputs", "output", ""):
             table.add_column(h)
         for r in res["operators"]:
@@ -509,7 +513,10 @@ def build_cmd(
 @board_app.command("up")
 def board_up(
     key: Annotated[str, typer.Option(help="Key the servers register under.")] = "host",
-    servers: Annotated[int, typer.Option(help="Number of rpc_server processes.")] = 2,
+    servers: Annotated[int, typer.Option(
+        help="Number of rpc_server processes (more than 1 time candidates against each other on these cores).")] = 1,
+    threads: Annotated[Optional[int], typer.Option(
+        help="Threads each server runs kernels with (TVM_NUM_THREADS; default: this machine's logical CPUs).")] = None,
     port: Annotated[int, typer.Option(help="Tracker port.")] = 9190,
     host: Annotated[str, typer.Option(help="Bind address (keep 127.0.0.1 unless boards are remote).")] = "127.0.0.1",
 ):
@@ -519,8 +526,9 @@ def board_up(
     if BOARD_STATE.exists():
         _fail(f"a local board is already recorded in {BOARD_STATE}: run `vta-pipeline board down` first")
     b = _guard(lambda: LocalBoard(key=key, num_servers=servers, host=host, port=port, state_file=BOARD_STATE,
-                                  detached=True).start())
-    typer.echo(f"tracker {b.tracker}, {servers} server(s) under key {key!r}; use --tracker {b.tracker} --key {key}")
+                                  detached=True, threads=threads).start())
+    typer.echo(f"tracker {b.tracker}, {servers} server(s) under key {key!r}, {b.threads} thread(s) each; "
+               f"use --tracker {b.tracker} --key {key}")
 
 
 @board_app.command("status")

@@ -1,0 +1,93 @@
+"""Boards measure with the threads the network will run with, one candidate at a time, and
+the numbers they report agree with a quiet re-time of the same code."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vta_pipeline import steps
+from vta_pipeline.boards import LocalBoard, board_threads
+from vta_pipeline.config import EvalConfig, MeasureConfig, TuneConfig
+from vta_pipeline.evaluate import MIN_REPEAT, evaluate_on_board, plan_timing
+from vta_pipeline.extract import load_tasks
+from vta_pipeline.ms_build import fast_build
+from vta_pipeline.tuning import BoardSpec, read_trials, task_work_dir, tune_task
+
+
+def test_timing_plan_runs_a_fast_build_long_enough_and_a_slow_one_within_budget():
+    assert plan_timing(1, 10, 200, 30, per_run_s=0.002) == (100, 10)  # 100 x 2 ms = one 200 ms repeat
+    assert plan_timing(1, 10, 200, 30, per_run_s=2.0) == (1, 10)  # 10 x 2 s fits 30 s
+    assert plan_timing(1, 50, 200, 30, per_run_s=2.0) == (1, 15)
+    assert plan_timing(1, 50, 200, 1e-6, per_run_s=2.0) == (1, MIN_REPEAT)
+    assert plan_timing(8, 10, 0, None, per_run_s=1e-5) == (8, 10)  # number is a floor
+
+
+def test_a_default_local_board_runs_kernels_on_every_core_of_this_machine(tmp_path):
+    """TVM's own default on x86 is half the logical CPUs (1 of 2 here): the board sets it."""
+    with LocalBoard(key="threads", registry=tmp_path / "registry", log_dir=tmp_path / "logs") as b:
+        assert len(b.servers) == 1  # one measurement at a time on this machine's cores
+        assert board_threads(b.host, b.port, b.key) == os.cpu_count()
+    with LocalBoard(key="threads1", threads=1, registry=tmp_path / "registry", log_dir=tmp_path / "logs") as b:
+        assert board_threads(b.host, b.port, b.key) == 1
+
+
+@pytest.mark.slow
+def test_top_candidates_retimed_quietly_agree_with_their_tuning_latency(micronet, host_target, tmp_path):
+    import tvm
+    from tvm import rpc
+    from tvm.s_tir import meta_schedule as ms
+
+    _, extracted = micronet
+    task = max((t for t in load_tasks(extracted.path) if t.op == "conv2d"), key=lambda t: t.flops)
+    work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
+    measure = MeasureConfig()  # the defaults a run measures with
+    with LocalBoard(key="quiet", registry=tmp_path / "registry", log_dir=tmp_path / "logs") as b:
+        out = tune_task(extracted.path / task.file, task.name, task.flops, task.workload_hash,
+                        host_target.target_json, BoardSpec(b.host, b.port, b.key, 1),
+                        TuneConfig(trials_per_task=16, trials_per_batch=8), measure, work)
+        assert out.threads == os.cpu_count() and {r["threads"] for r in read_trials(work)} == {os.cpu_count()}
+        mod = tvm.ir.load_json((extracted.path / task.file).read_text())
+        db = ms.database.JSONDatabase(work_dir=str(work))
+        top = db.get_top_k(db.commit_workload(mod), 5)
+        assert len(top) == 5
+        remote = rpc.connect_tracker(b.host, b.port).request(b.key, session_timeout=600)
+        dev = remote.cpu(0)
+        ratios = []
+        for i, rec in enumerate(top):
+            sch = tvm.s_tir.Schedule(mod)
+            rec.trace.apply_to_schedule(sch, remove_postproc=False)
+            lib = fast_build(sch.mod, host_target.tvm_target(), None)  # what the tuning builder ran
+            with tempfile.TemporaryDirectory() as d:
+                path = Path(d) / f"cand{i}.so"
+                lib.export_library(str(path))
+                remote.upload(str(path))
+            f = remote.load_module(path.name)
+            args = [tvm.runtime.tensor(np.random.uniform(size=[int(x) for x in a.shape]).astype(a.dtype), dev)
+                    for a in rec.args_info]  # weights already in the layout the schedule rewrote them to
+            timer = f.time_evaluator(f.entry_name, dev, number=measure.number, repeat=5,
+                                     min_repeat_ms=max(measure.min_repeat_ms, 100))
+            quiet = statistics.median(timer(*args).results)
+            tuned = statistics.fmean(float(s) for s in rec.run_secs)
+            ratios.append(tuned / quiet)
+    assert all(0.9 <= r <= 1.1 for r in ratios), [round(r, 3) for r in ratios]
+
+
+@pytest.mark.slow
+def test_the_flows_evaluation_agrees_with_a_quiet_retime(micronet, session_store, host_target, tmp_path):
+    fetched, extracted = micronet
+    lib = steps.build_step(session_store, extracted, None, host_target)
+    with LocalBoard(key="evalq", registry=tmp_path / "registry", log_dir=tmp_path / "logs") as b:
+        ev = steps.evaluate_step(session_store, lib, fetched, host_target, (b.host, b.port), b.key, EvalConfig())
+        from vta_pipeline import importers
+
+        quiet = evaluate_on_board(lib.file("model.so"), importers.load_reference(fetched.path), "llvm",
+                                  (b.host, b.port), b.key, number=1, repeat=30, rtol=1e-3, atol=1e-3,
+                                  min_repeat_ms=1000)
+    assert ev.meta["threads"] == os.cpu_count() and ev.meta["number"] > 1
+    assert 0.9 <= ev.meta["mean_ms"] / quiet.median_ms <= 1.1, (ev.meta["mean_ms"], quiet.median_ms)
