@@ -32,7 +32,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -47,6 +46,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 OUT = Path(__file__).resolve().parent / "results"
+
+from vta_pipeline import machine  # noqa: E402
 
 # Per model: the input shape and what the int8 path needs (see tests/test_vta_networks.py):
 # mobilenet_v2 packs from its 10th conv (the first channel counts are not multiples of 16)
@@ -251,7 +252,7 @@ def _cli_in_process(argv: list[str], log: Path) -> None:
 
 def evaluation_stats(ev: dict[str, Any]) -> dict[str, float]:
     reps = ev.get("repeats") or [ev["mean_ms"]]
-    return {**stats(reps), "correct": ev.get("correct")}
+    return {**stats(reps), "correct": ev.get("correct"), "threads": ev.get("threads")}
 
 
 def model_gflop(store: Path, model: str, source: str) -> float:
@@ -509,7 +510,7 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
     meta = {"commit": commit.strip(), "threads": args.threads, "trials_per_task": args.trials, "runs": args.runs,
             "allocation": args.allocation,
-            "cpu": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M")}
+            **machine.cpu(), "date": time.strftime("%Y-%m-%d %H:%M")}
     previous = args.out / "compare.json"
     if args.resume and previous.exists():
         res: dict[str, Any] = json.loads(previous.read_text())
@@ -549,8 +550,9 @@ def main() -> None:
         return
     int8_models = [m for m in models if m in args.int8_models.split(",")]
     first = [(m, "fp32") for m in models] + [(m, "x86") for m in int8_models if "x86" in layouts]
-    # One board (tracker + 2 rpc servers, TVM_NUM_THREADS=threads) for every TVM row: started
-    # once, as a rack stays up between runs, instead of once per pipeline run (26 s here).
+    # One board (tracker + 1 rpc server, TVM_NUM_THREADS=threads) for every TVM row: started
+    # once, as a rack stays up between runs, instead of once per pipeline run (26 s here). One
+    # server: two on one machine time candidates against each other on the same cores.
     from vta_pipeline.boards import LocalBoard
 
     sys.path.insert(0, str(ROOT / "tests"))
@@ -559,7 +561,7 @@ def main() -> None:
     with PrefectServer(services=False) as server:
         PREFECT_ENV.update(server.env())
         os.environ.update(PREFECT_ENV)  # the rows run in this process (before it first imports prefect)
-        with LocalBoard(key="bench", num_servers=2) as board:
+        with LocalBoard(key="bench", num_servers=1, threads=args.threads) as board:
             for name, kind in first:
                 tvm_runs(args, res, name, kind, budgets, add, board)
             if not args.skip_overhead and not res["overhead"]:
@@ -602,9 +604,9 @@ def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int]
         add(name, f"{label} ({trials} trials/task{avg})", tuned)
 
 
-def overhead_runs(args, res: dict[str, Any], two: Any, trials: int) -> None:
+def overhead_runs(args, res: dict[str, Any], one: Any, trials: int) -> None:
     """Tuning cost: the pipeline with one and two local boards, and a bare tune_tasks loop on
-    the same two-server board (`two`, the benchmark's; the one-server board is started here).
+    the two-server board (`one` is the benchmark's one-server board; the other is started here).
     Flat budgets, as the bare loop has. All in this process, after the first rows: imports
     and pools are warm for the pipeline and the bare loop alike, as through most of a night,
     so the difference is the orchestration (the one-server board's runner worker starts cold:
@@ -616,23 +618,25 @@ def overhead_runs(args, res: dict[str, Any], two: Any, trials: int) -> None:
         res["overhead"][label] = {"tune_s": tune_s, "trials": n_trials, "trials_per_min": 60 * n_trials / tune_s}
         print(f"{label}: {res['overhead'][label]}", flush=True)
 
-    with LocalBoard(key="bench1", num_servers=1) as one:
-        boards = {1: one, 2: two}
+    with LocalBoard(key="bench2", num_servers=2, threads=args.threads) as two_servers:
+        boards = {1: one, 2: two_servers}
         for servers in (1, 2):
             st = args.store / f"overhead-{servers}"
             r = pipeline_run(args.overhead_model, "builtin", st, trials, args.threads, 5, [],
                              task_filter="conv2d", board=boards[servers], in_process=True)
             record(f"pipeline, {servers} board(s)", r["tune_s"], r["trials"])
-    b = bare_loop(args.store / "overhead-2", trials, args.threads, two.tracker, two.key, our_pools=True)
-    record(BARE_OUR_POOLS, b["tune_s"], b["trials"])
-    if args.stock_bare:
-        out = subprocess.run([sys.executable, __file__, "--bare-loop", str(args.store / "overhead-2"),
-                              str(trials), str(args.threads), two.tracker, two.key, "0"],
-                             capture_output=True, text=True, cwd=ROOT)
-        if out.returncode != 0:
-            raise RuntimeError(f"bare loop failed:\n{out.stderr[-3000:]}")
-        b = json.loads(out.stdout.strip().splitlines()[-1])
-        record(BARE, b["tune_s"], b["trials"])
+        b = bare_loop(args.store / "overhead-2", trials, args.threads, two_servers.tracker, two_servers.key,
+                      our_pools=True)
+        record(BARE_OUR_POOLS, b["tune_s"], b["trials"])
+        if args.stock_bare:
+            out = subprocess.run([sys.executable, __file__, "--bare-loop", str(args.store / "overhead-2"),
+                                  str(trials), str(args.threads), two_servers.tracker, two_servers.key, "0"],
+                                 capture_output=True, text=True, cwd=ROOT)
+            if out.returncode != 0:
+                raise RuntimeError(f"bare loop failed:\n{out.stderr[-3000:]}")
+            b = json.loads(out.stdout.strip().splitlines()[-1])
+            record(BARE, b["tune_s"], b["trials"])
+
 
 def write(res: dict[str, Any], seconds: float, out: Path = OUT) -> str:
     """compare.json and compare.md from what has been measured so far; returns the markdown."""
@@ -641,7 +645,9 @@ def write(res: dict[str, Any], seconds: float, out: Path = OUT) -> str:
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(res, indent=1))
     int8_src = ", ".join(f"{k} {v:.0f}" for k, v in peak["int8_sources"].items() if v)
-    md = [f"Measured at commit {meta['commit']} on {meta['date']}: {meta['threads']} threads, batch 1, "
+    md = [f"Measured at commit {meta['commit']} on {meta['date']}, {meta.get('cpu', '?')} "
+          f"({', '.join(meta.get('isa', [])) or 'ISA flags not recorded'}; {meta.get('logical_cpus', '?')} logical "
+          f"CPUs): {meta['threads']} threads (TVM boards and frameworks alike), batch 1, "
           f"{meta['runs']} timed runs, TVM tuned with {meta['trials_per_task']} trials per task "
           f"({ALLOCATION[meta.get('allocation', 'flat')]}); peak fp32 "
           f"{peak['fp32_gflops']:.0f} GFLOP/s, int8 {peak.get('int8_gops') or 0:.0f} GOP/s ({int8_src}); "
