@@ -111,11 +111,15 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
         logger.info("tracker %s: %d board(s) under key %r; health check passed (%.4f ms)",
                     tracker, n_boards, key, health_ms)
         if target.cpu_threads:
-            board_threads = boards.board_threads(host, port, key)
-            logger.info("boards under key %r run kernels with %d thread(s)%s", key, board_threads,
-                        "" if board_threads == target.cpu_threads else
-                        f"; the target is scheduled for {target.cpu_threads} core(s): set TVM_NUM_THREADS="
-                        f"{target.cpu_threads} where the boards' rpc_server starts")
+            try:
+                board_threads = boards.board_threads(host, port, key)
+            except boards.BoardError as e:  # a runtime that cannot say: the measurements say "-"
+                logger.warning("could not read the thread count of the boards under key %r: %s", key, e)
+            else:
+                logger.info("boards under key %r run kernels with %d thread(s)%s", key, board_threads,
+                            "" if board_threads == target.cpu_threads else
+                            f"; the target is scheduled for {target.cpu_threads} core(s): set TVM_NUM_THREADS="
+                            f"{target.cpu_threads} where the boards' rpc_server starts")
         if target.query_device:  # the board's own GPU limits, not a typical board's
             params = boards.device_params(host, port, key, target.device)
             target = target.with_device_params(params)
