@@ -110,6 +110,7 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
                                         cross_compiler=target.cross_compiler)
         logger.info("tracker %s: %d board(s) under key %r; health check passed (%.4f ms)",
                     tracker, n_boards, key, health_ms)
+        board_threads = None
         if target.cpu_threads:
             try:
                 board_threads = boards.board_threads(host, port, key)
@@ -143,7 +144,7 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
         # alone measures on several boards at once when there are more boards than tasks.
         in_flight = max(1, min(n_boards, len(tasks)))
         board = {"tracker_host": host, "tracker_port": port, "key": key,
-                 "num_boards": max(1, n_boards // in_flight)}
+                 "num_boards": max(1, n_boards // in_flight), "threads": board_threads}
         work_dirs = {t.name: steps.tune_work_dir(store, t, target, key, cfg.tune.session) for t in tasks}
         latency_steered = cfg.tune.allocation == "latency"
         first = allocation.first_round(cfg.tune.trials_per_task) if latency_steered else cfg.tune.trials_per_task

@@ -38,18 +38,26 @@ def test_a_default_local_board_runs_kernels_on_every_core_of_this_machine(tmp_pa
 
 
 @pytest.mark.slow
-def test_top_candidates_retimed_quietly_agree_with_their_tuning_latency(micronet, host_target, tmp_path):
+def test_top_candidates_retimed_quietly_agree_with_their_tuning_latency(session_store, host_target, tmp_path):
+    """tinynet's 32->32 3x3 conv at 32x32 (a tenth of a millisecond tuned): big enough that a
+    measurement is the kernel, not the placement of its buffers (micronet's 15 us convs moved
+    by +-13% between two allocations of the same code)."""
     import tvm
     from tvm import rpc
     from tvm.s_tir import meta_schedule as ms
 
-    _, extracted = micronet
-    task = max((t for t in load_tasks(extracted.path) if t.op == "conv2d"), key=lambda t: t.flops)
+    from vta_pipeline.config import ModelConfig
+
+    fetched = steps.fetch_step(session_store, ModelConfig(source="builtin", name="tinynet"))
+    extracted = steps.extract_step(session_store, fetched, host_target)
+    task = max((t for t in load_tasks(extracted.path) if t.op == "conv2d" and t.workload[3] == 32),
+               key=lambda t: t.flops)
     work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
     measure = MeasureConfig()  # the defaults a run measures with
     with LocalBoard(key="quiet", registry=tmp_path / "registry", log_dir=tmp_path / "logs") as b:
+        threads = board_threads(b.host, b.port, b.key)  # as the flow reads it before tuning
         out = tune_task(extracted.path / task.file, task.name, task.flops, task.workload_hash,
-                        host_target.target_json, BoardSpec(b.host, b.port, b.key, 1),
+                        host_target.target_json, BoardSpec(b.host, b.port, b.key, 1, threads),
                         TuneConfig(trials_per_task=16, trials_per_batch=8), measure, work)
         assert out.threads == os.cpu_count() and {r["threads"] for r in read_trials(work)} == {os.cpu_count()}
         mod = tvm.ir.load_json((extracted.path / task.file).read_text())
@@ -75,7 +83,12 @@ def test_top_candidates_retimed_quietly_agree_with_their_tuning_latency(micronet
             quiet = statistics.median(timer(*args).results)
             tuned = statistics.fmean(float(s) for s in rec.run_secs)
             ratios.append(tuned / quiet)
-    assert all(0.9 <= r <= 1.1 for r in ratios), [round(r, 3) for r in ratios]
+    # Together they agree within 10%. One sample of 3 x 40 ms on a shared 2-vCPU VM can still be
+    # 18% off (seen once here, either way), so one candidate alone is held to 25%; two servers
+    # timing against each other put candidates 1.1x-3.0x off, all in the same direction.
+    shown = [round(r, 3) for r in ratios]
+    assert 0.9 <= statistics.median(ratios) <= 1.1, shown
+    assert all(0.75 <= r <= 1.25 for r in ratios), shown
 
 
 @pytest.mark.slow

@@ -104,7 +104,7 @@ class MeasureConfig(_Strict):
     """How candidates are timed on the board while tuning."""
 
     number: int = Field(5, gt=0, description="Runs averaged into one measurement.")
-    repeat: int = Field(1, gt=0, description="Measurements per candidate.")
+    repeat: int = Field(3, gt=0, description="Measurements per candidate (their mean ranks it).")
     min_repeat_ms: int = Field(
         40, ge=0, description="Minimum duration of one repeat: a kernel of microseconds is run enough times that "
                               "timer and call overhead do not rank the candidates.")

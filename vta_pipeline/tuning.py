@@ -55,6 +55,7 @@ class BoardSpec:
     tracker_port: int
     key: str
     num_boards: int = 1
+    threads: int | None = None  # what the key's boards reported (the flow reads it once per run)
 
 
 @dataclass
@@ -527,7 +528,7 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
                  f"{previous_best_ms:.4f}" if previous_best_ms else "-")
     stopped = state.get("stopped", "budget") if state.get("status") == "finished" else "budget"
     finished_at_budget = state.get("status") == "finished" and state.get("budget", 0) >= tune.trials_per_task
-    threads = None
+    threads = board.threads  # stamped on every measurement
     failures = int8_dot.TensorizeFailures()
     for _round in range(MAX_ROUNDS):
         db = ms.database.JSONDatabase(work_dir=str(work_dir))
@@ -552,8 +553,6 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
                 f"Start one with `python -m tvm.exec.rpc_server --tracker {board.tracker_host}:{board.tracker_port} "
                 f"--key {board.key}` and rerun: tuning continues from the records"
             )
-        if threads is None and target.kind.name == "llvm":  # read off the board, once per call
-            threads = _board_threads(board)
         done = len(lats)
         write_state(work_dir, status="tuning", task=task_name, budget=tune.trials_per_task, done=done, valid=valid)
         publish({"task": task_name, "trials": valid, "budget": tune.trials_per_task, "batch": []})
@@ -588,7 +587,8 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
         callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
         callbacks.append(_make_log_callback(work_dir, task_name, progress, done, tune.trials_per_task,
                                             ms.database.Workload(workload_mod), target, tune.session, threads))
-        boards_now = BoardSpec(board.tracker_host, board.tracker_port, board.key, min(board.num_boards, n_boards))
+        boards_now = BoardSpec(board.tracker_host, board.tracker_port, board.key, min(board.num_boards, n_boards),
+                               board.threads)
         model_lease = (lease_cost_model(work_dir, target) if tune.cost_model == "xgb"
                        else contextlib.nullcontext("random"))
         with pools.builder(tune.builder_timeout_s, cross_compiler) as builder, \
@@ -630,6 +630,8 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
     # tracker's rotation, and the trial log stays exactly what the search measured.
     if not (work_dir / "default.json").exists() and _boards_left(board):
         _default_latency(work_dir, task_name, workload_mod, target, board, measure, tune, cross_compiler)
+    if threads is None and target.kind.name == "llvm" and _last_threads(work_dir) is None and _boards_left(board):
+        threads = _board_threads(board)  # not given: asked after the search, as the default latency is
     lats, session_best, _ = _history(work_dir)
     write_state(work_dir, status="finished", task=task_name, budget=tune.trials_per_task, done=len(lats),
                 stopped=stopped)
@@ -663,7 +665,7 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
         warm_start=int(warm.get("seeded", 0)),
         previous_best_ms=previous_best_ms,
         reached_previous_best_at=reached,
-        threads=_last_threads(work_dir),
+        threads=threads or _last_threads(work_dir),
     )
 
 
