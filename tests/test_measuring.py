@@ -92,11 +92,14 @@ def test_top_candidates_retimed_quietly_agree_with_their_tuning_latency(session_
 
 
 @pytest.mark.slow
-def test_the_flows_evaluation_agrees_with_a_quiet_retime(micronet, session_store, host_target, tmp_path):
+def test_the_flows_evaluation_agrees_with_a_quiet_retime(micronet, host_target, tmp_path):
+    from vta_pipeline.store import ArtifactStore
+
     fetched, extracted = micronet
-    lib = steps.build_step(session_store, extracted, None, host_target)
+    store = ArtifactStore(tmp_path / "store")  # the session store's evaluations are other tests' business
+    lib = steps.build_step(store, extracted, None, host_target)
     with LocalBoard(key="evalq", registry=tmp_path / "registry", log_dir=tmp_path / "logs") as b:
-        ev = steps.evaluate_step(session_store, lib, fetched, host_target, (b.host, b.port), b.key, EvalConfig())
+        ev = steps.evaluate_step(store, lib, fetched, host_target, (b.host, b.port), b.key, EvalConfig())
         from vta_pipeline import importers
 
         quiet = evaluate_on_board(lib.file("model.so"), importers.load_reference(fetched.path), "llvm",

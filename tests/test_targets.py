@@ -123,4 +123,8 @@ def test_a_cross_target_needs_a_tracker_not_the_local_board():
         steps.check_local_board(build_config(None, {"target": "rk3399-cpu"}), resolve_target("rk3399-cpu"))
     steps.check_local_board(build_config(None, {"target": "rk3399-cpu", "board.tracker": "lab:9190"}),
                             resolve_target("rk3399-cpu"))
-    steps.check_local_board(build_config(None, {"target": "cuda"}), resolve_target("cuda"))  # a GPU machine's own
+    if steps.local_device_exists("cuda"):  # a GPU machine's own board can run it
+        steps.check_local_board(build_config(None, {"target": "cuda"}), resolve_target("cuda"))
+    else:  # here it cannot: refused before any work (tests/test_cli.py checks the message)
+        with pytest.raises(ConfigError, match="--tracker HOST:PORT.*'cuda' boards"):
+            steps.check_local_board(build_config(None, {"target": "cuda"}), resolve_target("cuda"))

@@ -199,12 +199,14 @@ def tune_step(
     def compute(out: Path) -> dict[str, Any]:
         # Earlier sessions' best records of this workload (same target and board key) seed the
         # search; their best latency is what this session is measured against.
-        seeds, previous_best = history.best_records(store.root, task.workload_hash, target.id, board.key,
-                                                    tune.warm_start, exclude_session=tune.session)
+        seeds, previous_best, seed_hashes = history.best_records(
+            store.root, task.workload_hash, target.id, board.key, tune.warm_start, exclude_session=tune.session,
+            with_hashes=True)
         outcome = tuning.tune_task(
             extracted.path / task.file, task.name, task.flops, task.workload_hash,
             target.full_json, board, tune, measure, work, progress,
             seeds=seeds if tune.warm_start else None, previous_best_ms=previous_best,
+            seed_hashes=seed_hashes if tune.warm_start else None,
             cross_compiler=target.cross_compiler,
         )
         for name in ("database_workload.json", "database_tuning_record.json", "trials.jsonl"):

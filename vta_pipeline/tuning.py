@@ -410,6 +410,9 @@ def _known_hashes(db, workload_mod, work_dir: Path) -> set[int]:
     from tvm.s_tir import Schedule
 
     out = {int(r["schedule_hash"], 16) for r in read_trials(work_dir) if r.get("schedule_hash")}
+    warm = Path(work_dir) / "warm_start.json"
+    if warm.exists():  # the seeds as they were measured in their own sessions
+        out |= {int(h, 16) for h in json.loads(warm.read_text()).get("schedule_hashes", []) if h}
     for rec in _records(db):
         try:
             sch = Schedule(workload_mod)
@@ -455,6 +458,7 @@ def tune_task(
     seeds: list[Any] | None = None,
     previous_best_ms: float | None = None,
     cross_compiler: str | None = None,
+    seed_hashes: list[str] | None = None,
 ) -> TuneOutcome:
     """Tune one task until it has `tune.trials_per_task` valid measurements (or stops early).
 
@@ -466,6 +470,7 @@ def tune_task(
     `seeds`: TuningRecord JSON of the workload's best records from earlier sessions, committed
     to a fresh work dir before its first search (warm start). `previous_best_ms`: the best
     latency of earlier sessions, to report how many trials this session needed to reach it.
+    `seed_hashes`: the schedule hashes the seeds were measured under (never measured again).
     `cross_compiler`: links each candidate into a shared library for the board (ARM boards
     need no compiler of their own then).
     """
@@ -475,7 +480,7 @@ def tune_task(
     work_dir.mkdir(parents=True, exist_ok=True)
     with FileLock(str(work_dir / "lock")):  # two runs never tune the same records at once
         return _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board, tune, measure,
-                            work_dir, progress, seeds or [], previous_best_ms, cross_compiler)
+                            work_dir, progress, seeds or [], previous_best_ms, cross_compiler, seed_hashes or [])
 
 
 def population_size(round_size: int) -> int:
@@ -507,7 +512,7 @@ MAX_ROUNDS = 4  # rounds to make up for failed measurements before giving up on 
 
 
 def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board, tune, measure, work_dir,
-                 progress, seeds, previous_best_ms, cross_compiler) -> TuneOutcome:
+                 progress, seeds, previous_best_ms, cross_compiler, seed_hashes) -> TuneOutcome:
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -523,7 +528,8 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
     if seeds and not state and not (work_dir / "warm_start.json").exists():  # seed a fresh work dir once
         seeded = seed_database(ms.database.JSONDatabase(work_dir=str(work_dir)), workload_mod, seeds)
         atomic_write_text(work_dir / "warm_start.json",
-                          json.dumps({"seeded": seeded, "previous_best_ms": previous_best_ms}))
+                          json.dumps({"seeded": seeded, "previous_best_ms": previous_best_ms,
+                                      "schedule_hashes": list(seed_hashes)}))
         log.info("task %s: warm start with %d record(s) from earlier sessions (best %s ms)", task_name, seeded,
                  f"{previous_best_ms:.4f}" if previous_best_ms else "-")
     stopped = state.get("stopped", "budget") if state.get("status") == "finished" else "budget"
