@@ -94,11 +94,11 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
     key = cfg.board.key
     with ExitStack() as stack:
         if cfg.board.tracker is None:
-            threads = cfg.board.local_threads or target.cpu_threads or os.cpu_count() or 1
+            local = boards.LocalBoard(key=key, num_servers=cfg.board.local_servers, log_dir=store.root / "logs",
+                                      threads=cfg.board.local_threads or target.cpu_threads)
             logger.info("starting a local board: tracker + %d rpc server(s) on 127.0.0.1, key %r, %d thread(s)",
-                        cfg.board.local_servers, key, threads)
-            local = stack.enter_context(boards.LocalBoard(key=key, num_servers=cfg.board.local_servers,
-                                                          threads=threads, log_dir=store.root / "logs"))
+                        local.num_servers, key, local.threads)
+            stack.enter_context(local)
             tracker = local.tracker
         else:
             tracker = cfg.board.tracker
@@ -110,17 +110,12 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
                                         cross_compiler=target.cross_compiler)
         logger.info("tracker %s: %d board(s) under key %r; health check passed (%.4f ms)",
                     tracker, n_boards, key, health_ms)
-        board_threads = None
-        if target.cpu_threads:
-            try:
-                board_threads = boards.board_threads(host, port, key)
-            except boards.BoardError as e:  # a runtime that cannot say: the measurements say "-"
-                logger.warning("could not read the thread count of the boards under key %r: %s", key, e)
-            else:
-                logger.info("boards under key %r run kernels with %d thread(s)%s", key, board_threads,
-                            "" if board_threads == target.cpu_threads else
-                            f"; the target is scheduled for {target.cpu_threads} core(s): set TVM_NUM_THREADS="
-                            f"{target.cpu_threads} where the boards' rpc_server starts")
+        board_threads = boards.board_threads(host, port, key) if target.cpu_threads else None
+        if board_threads:  # (a board that cannot say was warned about; its measurements say "-")
+            logger.info("boards under key %r run kernels with %d thread(s)%s", key, board_threads,
+                        "" if board_threads == target.cpu_threads else
+                        f"; the target is scheduled for {target.cpu_threads} core(s): set TVM_NUM_THREADS="
+                        f"{target.cpu_threads} where the boards' rpc_server starts")
         if target.query_device:  # the board's own GPU limits, not a typical board's
             params = boards.device_params(host, port, key, target.device)
             target = target.with_device_params(params)

@@ -15,7 +15,6 @@ with its task runs, until something says otherwise. Two things do:
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from vta_pipeline.liveness import dead_runs, identity
 from vta_pipeline.store import ArtifactStore

@@ -86,7 +86,7 @@ def test_the_migrated_dir_resumes_and_the_history_finds_what_the_old_key_recorde
                     BoardSpec(board.host, board.port, board.key, 2), TuneConfig(trials_per_task=8, trials_per_batch=4),
                     MEASURE, scope / task.workload_hash)
     assert out.trials_this_run == 0 and out.trials == 8  # nothing measured again
-    seeds, best = history.best_records(root, task.workload_hash, host_target.id, board.key, k=8)
+    seeds, best, _ = history.best_records(root, task.workload_hash, host_target.id, board.key, k=8)
     assert len(seeds) == 4 and best == min(r["latency_ms"] for r in read_trials(scope / task.workload_hash))
     # Recording the migrated dir adds only the rows the history did not have (B's), not A's again.
     art = root / "tune-artifact-2"

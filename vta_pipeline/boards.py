@@ -222,14 +222,7 @@ class LocalBoard:
             self.add_server(record=False)
         if not self.detached:
             self._record()
-
-        def registered() -> bool:
-            try:
-                return count_servers(self.host, self.port, self.key) >= self.num_servers
-            except BoardError:
-                return False
-
-        self._wait(registered, t0, timeout,
+        self._wait(lambda: self._registered() >= self.num_servers, t0, timeout,
                    lambda: (f"{self.num_servers} rpc server(s) to register under key {self.key!r} "
                             f"({self._registered()} of {self.num_servers} so far)"),
                    waiting_on=None)
@@ -371,8 +364,8 @@ def reap_orphans(registry: Path | None = None) -> list[str]:
     """Stop the boards in `registry` whose owner is dead; return their trackers.
 
     A board's watchdogs normally stop it within a second of its owner's death; this catches
-    the rest (a board from a version before the watchdogs, a watchdog that was itself
-    killed or stopped). Only processes that are still the ones recorded (same pid, same
+    the rest (a watchdog that was itself killed or stopped, or could not act). Boards of
+    versions before the registry recorded nothing and are not found here. Only processes that are still the ones recorded (same pid, same
     start time) are signalled. Boards with a living owner are left alone.
     """
     registry = registry or REGISTRY
@@ -537,14 +530,26 @@ def health_check(host: str, port: int, key: str, target_spec: dict[str, Any], ti
     return float(ms)
 
 
-def board_threads(host: str, port: int, key: str, timeout_s: float = 60.0) -> int:
-    """The threads a board under `key` runs CPU kernels with, as its TVM runtime reports it.
+def remote_threads(remote) -> int | None:
+    """The threads a connected board's runtime runs CPU kernels with; None where it cannot say
+    (a runtime without the query).
 
     TVM_NUM_THREADS on the board's rpc_server sets it; unset, TVM uses half the logical CPUs
     on x86 (it assumes SMT) and all of them elsewhere.
     """
-    return int(_on_a_board(host, port, key, timeout_s, lambda remote: remote.get_function("runtime.NumThreads")(),
-                           "thread count query"))
+    try:
+        return int(remote.get_function("runtime.NumThreads")())
+    except Exception:  # noqa: BLE001 - the measurements then say "-", never fail over it
+        return None
+
+
+def board_threads(host: str, port: int, key: str, timeout_s: float = 60.0) -> int | None:
+    """`remote_threads` of a board under `key`; None (and a warning) where no board answers."""
+    try:
+        return _on_a_board(host, port, key, timeout_s, remote_threads, "thread count query")
+    except BoardError as e:
+        log.warning("could not read the thread count of a board under key %r: %s", key, e)
+        return None
 
 
 # What MetaSchedule's GPU search must obey, as the device reports it (tvm.runtime.Device).

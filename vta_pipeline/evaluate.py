@@ -61,14 +61,6 @@ def plan_timing(number: int, repeat: int, min_repeat_ms: float, max_seconds: flo
     return number, max(MIN_REPEAT, min(repeat, fit))
 
 
-def _threads(remote) -> int | None:
-    """The threads the board's runtime runs CPU kernels with; None where it cannot say."""
-    try:
-        return int(remote.get_function("runtime.NumThreads")())
-    except Exception:  # noqa: BLE001 - a runtime without the query: the table shows "-"
-        return None
-
-
 def _device(remote, kind: str):
     return {"llvm": remote.cpu, "cuda": remote.cuda, "opencl": remote.cl}.get(kind, remote.cpu)(0)
 
@@ -93,7 +85,7 @@ def evaluate_on_board(
     import tvm
     from tvm import relax, rpc
 
-    from .boards import count_servers
+    from .boards import count_servers, remote_threads
 
     host, port = tracker
     if count_servers(host, port, key) == 0:  # request() would block forever on an empty key
@@ -119,7 +111,7 @@ def evaluate_on_board(
         timer = vm.time_evaluator("main", dev, number=number, repeat=repeat)
         res = timer(xd)
         reps = [float(r) * 1e3 for r in res.results]
-        threads = _threads(remote) if target_kind == "llvm" else None
+        threads = remote_threads(remote) if target_kind == "llvm" else None
     except BoardError:
         raise
     except Exception as e:

@@ -268,10 +268,10 @@ def best_per_workload(store_root: Path, target: str | None = None) -> list[dict[
 
 
 def best_records(store_root: Path, workload_key: str, target_id: str, board_key: str, k: int,
-                 exclude_session: str | None = None, with_hashes: bool = False):
-    """Up to k best distinct records of a workload from earlier sessions, and their best latency
-    (and, `with_hashes`, the schedule hashes they were measured under: a replayed record does
-    not always hash like the candidate that was measured, and a seed must not be measured again).
+                 exclude_session: str | None = None) -> tuple[list[Any], float | None, list[str]]:
+    """Up to k best distinct records of a workload from earlier sessions, their best latency,
+    and the schedule hashes they were measured under (a replayed record does not always hash
+    like the candidate that was measured, and a seed must not be measured again).
 
     Only records measured on the same TVM target and board key: a schedule's speed on
     another board says little, and MetaSchedule's database ignores the target."""
@@ -282,7 +282,7 @@ def best_records(store_root: Path, workload_key: str, target_id: str, board_key:
         f = f & (pc.field("session").is_null() | (pc.field("session") != exclude_session))
     t = read(store_root, MEASUREMENTS, filter=f, columns=["session", "schedule_hash", "record", "latency_ms"])
     if t.num_rows == 0:
-        return ([], None, []) if with_hashes else ([], None)
+        return [], None, []
     t = t.sort_by([("latency_ms", "ascending")])
     out, hashes, seen, best = [], [], set(), None
     for r in t.to_pylist():
@@ -293,4 +293,4 @@ def best_records(store_root: Path, workload_key: str, target_id: str, board_key:
         if len(out) < k:
             out.append(json.loads(r["record"]))
             hashes.append(r["schedule_hash"])
-    return (out, best, hashes) if with_hashes else (out, best)
+    return out, best, hashes

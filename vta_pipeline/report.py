@@ -7,7 +7,6 @@ tables (`vta-pipeline report`) and the flow publishes it as a Prefect table arti
 from __future__ import annotations
 
 import io
-
 import json
 import time
 from pathlib import Path

@@ -200,8 +200,7 @@ def tune_step(
         # Earlier sessions' best records of this workload (same target and board key) seed the
         # search; their best latency is what this session is measured against.
         seeds, previous_best, seed_hashes = history.best_records(
-            store.root, task.workload_hash, target.id, board.key, tune.warm_start, exclude_session=tune.session,
-            with_hashes=True)
+            store.root, task.workload_hash, target.id, board.key, tune.warm_start, exclude_session=tune.session)
         outcome = tuning.tune_task(
             extracted.path / task.file, task.name, task.flops, task.workload_hash,
             target.full_json, board, tune, measure, work, progress,

@@ -30,7 +30,7 @@ import contextlib
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -593,8 +593,7 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
         callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
         callbacks.append(_make_log_callback(work_dir, task_name, progress, done, tune.trials_per_task,
                                             ms.database.Workload(workload_mod), target, tune.session, threads))
-        boards_now = BoardSpec(board.tracker_host, board.tracker_port, board.key, min(board.num_boards, n_boards),
-                               board.threads)
+        boards_now = replace(board, num_boards=min(board.num_boards, n_boards))
         model_lease = (lease_cost_model(work_dir, target) if tune.cost_model == "xgb"
                        else contextlib.nullcontext("random"))
         with pools.builder(tune.builder_timeout_s, cross_compiler) as builder, \
@@ -636,8 +635,11 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
     # tracker's rotation, and the trial log stays exactly what the search measured.
     if not (work_dir / "default.json").exists() and _boards_left(board):
         _default_latency(work_dir, task_name, workload_mod, target, board, measure, tune, cross_compiler)
-    if threads is None and target.kind.name == "llvm" and _last_threads(work_dir) is None and _boards_left(board):
-        threads = _board_threads(board)  # not given: asked after the search, as the default latency is
+    threads = threads or _last_threads(work_dir)
+    if threads is None and target.kind.name == "llvm" and _boards_left(board):
+        from .boards import board_threads  # not given: asked after the search, as the default latency is
+
+        threads = board_threads(board.tracker_host, board.tracker_port, board.key)
     lats, session_best, _ = _history(work_dir)
     write_state(work_dir, status="finished", task=task_name, budget=tune.trials_per_task, done=len(lats),
                 stopped=stopped)
@@ -671,7 +673,7 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
         warm_start=int(warm.get("seeded", 0)),
         previous_best_ms=previous_best_ms,
         reached_previous_best_at=reached,
-        threads=threads or _last_threads(work_dir),
+        threads=threads,
     )
 
 
@@ -689,18 +691,6 @@ def _note_tensorize_failures(work_dir: Path, task_name: str, failures: int8_dot.
     atomic_write_text(path, json.dumps({"candidates": total, "first_error": before["first_error"] or failures.first}))
     details.info("task %s: %d candidate(s) kept plain int8 loops: the dot-product intrinsic did not fit "
                  "their block (first: %s); %d in all, see %s", task_name, failures.count, failures.first, total, path)
-
-
-def _board_threads(board: BoardSpec) -> int | None:
-    """The threads the key's boards run kernels with, as one of them reports; None (and a
-    warning) where the board cannot say (a runtime without the query)."""
-    from .boards import board_threads
-
-    try:
-        return board_threads(board.tracker_host, board.tracker_port, board.key)
-    except BoardError as e:
-        log.warning("could not read the thread count of a board under key %r: %s", board.key, e)
-        return None
 
 
 def _last_threads(work_dir: Path) -> int | None:

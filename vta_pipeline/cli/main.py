@@ -200,7 +200,7 @@ def run(
         steps.check_target(cfg, tgt)  # toolchain, layout: before Prefect starts
         steps.check_local_board(cfg, tgt)
         check_model(cfg.model)
-        check_store_path(cfg.store)
+        store_path = check_store_path(cfg.store)
         if cfg.board.tracker:  # a remote tracker: fail now, before Prefect starts, if it is down
             from vta_pipeline import boards
 
@@ -210,7 +210,7 @@ def run(
         from flows.tune_network import tune_network
         from vta_pipeline.run_log import open_run_log
 
-        log_path = open_run_log(check_store_path(cfg.store))
+        log_path = open_run_log(store_path)
         _temporary_prefect_server()
 
         flow = with_task_runner(tune_network, dask, cfg)  # a bad cluster fails here, before any work
