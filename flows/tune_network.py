@@ -130,7 +130,8 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
             model = packed = pack_(root, model, cfg.pack.model_dump(mode="json"), cfg.vta.model_dump(mode="json"),
                                    cache)
         extracted = extract_tasks_(root, model, tspec, cache)
-        tasks = select_tasks(load_tasks(extracted["path"]), cfg.tune.task_filter)
+        tasks = select_tasks(load_tasks(extracted["path"]), cfg.tune.task_filter,
+                             packed_float=cfg.pack.enabled and not cfg.quantize.enabled)
         logger.info("%d tuning task(s): %s", len(tasks), ", ".join(t.name for t in tasks))
         if stop_after == "extract":
             return {"tasks": [t.to_dict() for t in tasks]}

@@ -170,13 +170,16 @@ def load_tasks(extract_dir: Path) -> list[TaskInfo]:
     return [TaskInfo(**d) for d in json.loads((Path(extract_dir) / "tasks.json").read_text())]
 
 
-def select_tasks(tasks: list[TaskInfo], task_filter: str) -> list[TaskInfo]:
+def select_tasks(tasks: list[TaskInfo], task_filter: str, packed_float: bool = False) -> list[TaskInfo]:
     """The tasks to tune. `auto`: the packed conv2d tasks when the network is packed for VTA
     (the recipe kept only convs whose input has more than 4 dimensions: the rest ran on the
     board's CPU), every conv2d when it is packed in the x86 layout (all of it runs on the
-    CPU: the float stem conv left untuned cost more than all the int8 convs together), else all."""
+    CPU: the float stem conv left untuned cost more than all the int8 convs together), all of
+    them for a float network, packed (`packed_float`: NCHW16c on a CPU) or not."""
     if task_filter == "auto":
-        if any("dot_packed" in t.name for t in tasks):
+        if packed_float:
+            task_filter = "all"
+        elif any("dot_packed" in t.name for t in tasks):
             task_filter = "conv2d"
         else:
             task_filter = "packed" if any(t.op.startswith("packed_") for t in tasks) else "all"

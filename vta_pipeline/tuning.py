@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from . import int8_dot, intrin_registry, pools, schedule_rules
+from . import int8_dot, intrin_registry, packed_conv_space, pools, schedule_rules
 from .cost_model import lease as lease_cost_model
 from .config import MeasureConfig, TuneConfig
 from .errors import BoardError
@@ -508,6 +508,15 @@ def genetic_iters(round_size: int) -> int:
     return 2 if round_size <= 4 else 4
 
 
+def design_space(target: Any, workload_mod: Any, failures: int8_dot.TensorizeFailures | None = None) -> Any:
+    """The search space of one task: NeoCPU's packed-conv space for float packed convs on a
+    CPU (`packed_conv_space`), the dot-product space for uint8 x int8 blocks (`int8_dot`),
+    MetaSchedule's generic space for everything else."""
+    if target.kind.name == "llvm" and packed_conv_space.matches(workload_mod):
+        return packed_conv_space.space_generator(target)
+    return int8_dot.space_generator(target, workload_mod, failures)
+
+
 MAX_ROUNDS = 4  # rounds to make up for failed measurements before giving up on the budget
 
 
@@ -584,7 +593,7 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
         ctx = ms.TuneContext(
             mod=workload_mod,
             target=target,
-            space_generator=int8_dot.space_generator(target, workload_mod, failures),
+            space_generator=design_space(target, workload_mod, failures),
             search_strategy=guard,
             task_name=task_name,
             rand_state=tune.seed + done,  # a resumed run must not replay the same random stream

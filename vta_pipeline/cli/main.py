@@ -336,7 +336,8 @@ def tasks_cmd(
         st = ArtifactStore(cfg.store)
         fetched = steps.prepare_model(st, cfg)
         extracted = steps.extract_step(st, fetched, tgt)
-        tasks = select_tasks(load_tasks(extracted.path), cfg.tune.task_filter)
+        tasks = select_tasks(load_tasks(extracted.path), cfg.tune.task_filter,
+                             packed_float=cfg.pack.enabled and not cfg.quantize.enabled)
         if as_json:
             out = []
             for t in tasks:

@@ -1,0 +1,189 @@
+"""NeoCPU's design space for float packed convs: what its schedules are, and that they are right.
+
+The space is the lever for fp32 speed on CPUs (`vta_pipeline/packed_conv_space.py`). These
+tests draw real schedules from it through the tuning step's own `design_space` (no
+measurements), and check what a tuned build keeps: the loop nest NeoCPU prescribes (a
+parallel outer loop, the reduction outside an unrolled register tile, the packed lanes
+vectorized, the epilogue fused into the tile's write-back, weights re-laid out for the
+nest), tiles that fit the CPU's vector registers, FMA on vector registers in the machine
+code, and a built network equal to PyTorch's output.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+from int8_nets import randomize, to_relax
+from torch import nn
+
+import tvm
+from tvm import relax
+from tvm.s_tir import meta_schedule as ms
+from tvm.target import codegen
+
+from vta_pipeline import intrin_registry, packed_conv_space
+from vta_pipeline.build import LIB, build_network
+from vta_pipeline.passes.graph_pack import PackParams, graph_pack
+from vta_pipeline.relax_pipeline import lower_for_tuning
+from vta_pipeline.tuning import design_space
+
+HERE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # AVX2 (what CI and this machine run)
+SKYLAKE = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}  # AVX-512: compiled, not run
+host_has_avx2 = bool(codegen.target_has_features(
+    ["avx2"], tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})))
+
+
+class Residual(nn.Module):
+    """A stem, a max pool (where packing starts), a residual block, a strided conv, a 1x1."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.c1 = nn.Conv2d(16, 16, 3, padding=1)
+        self.c2 = nn.Conv2d(16, 16, 3, padding=1)
+        self.down = nn.Conv2d(16, 32, 3, stride=2, padding=1)
+        self.proj = nn.Conv2d(32, 32, 1)
+
+    def forward(self, x):
+        x = nn.functional.max_pool2d(torch.relu(self.stem(x)), 2)
+        x = torch.relu(self.c2(torch.relu(self.c1(x))) + x)
+        x = self.proj(torch.relu(self.down(x)))
+        return nn.functional.adaptive_avg_pool2d(x, 1)
+
+
+@pytest.fixture(scope="module")
+def network():
+    intrin_registry.load()  # what a TuneContext imports, in seconds (as tuning does)
+    model = randomize(Residual(), 0)
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype("float32")
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x)).numpy()
+    packed, report = graph_pack(to_relax(model, x), PackParams())
+    lowered = lower_for_tuning(packed)
+    return lowered, x, ref
+
+
+def _tasks(lowered, spec):
+    return ms.relax_integration.extract_tasks(lowered, tvm.target.Target(spec))
+
+
+def _packed_tasks(lowered, spec):
+    return [t for t in _tasks(lowered, spec) if packed_conv_space.matches(t.dispatched[0])]
+
+
+def _sample(wl, spec, seed: int):
+    """One candidate of the task's space with its postprocessors applied, as a trial builds it
+    (None when a postprocessor rejects it)."""
+    target = tvm.target.Target(spec)
+    ctx = ms.TuneContext(mod=wl, target=target, space_generator=design_space(target, wl),
+                         task_name="t", rand_state=seed)
+    sch = ctx.generate_design_space()[0]
+    return sch if all(p.apply(sch) for p in ctx.space_generator.postprocs) else None
+
+
+def _samples(wl, spec, n: int, draws: int = 40):
+    out = []
+    for seed in range(1, draws + 1):
+        sch = _sample(wl, spec, seed * 7919)
+        if sch is not None:
+            out.append(sch)
+        if len(out) == n:
+            return out
+    raise AssertionError(f"only {len(out)} of {draws} draws passed the postprocessors")
+
+
+def test_the_space_applies_to_float_packed_convs_only(network):
+    lowered, _, _ = network
+    tasks = _tasks(lowered, HERE)
+    matched = [t.task_name for t in tasks if packed_conv_space.matches(t.dispatched[0])]
+    # c1, c2 (with the residual add), down, proj: packed; the stem conv (before the max pool) is not
+    assert len(matched) == 4, matched
+    assert all("conv2d_packed" in name for name in matched)
+    stem = [t for t in tasks if "conv2d" in t.task_name and "packed" not in t.task_name]
+    assert stem and not packed_conv_space.matches(stem[0].dispatched[0])
+
+
+def test_a_candidate_is_neocpus_loop_nest(network):
+    lowered, _, _ = network
+    for task in _packed_tasks(lowered, HERE):
+        for sch in _samples(task.dispatched[0], HERE, 3):
+            text = sch.mod.script()
+            body = text[text.index("def main"):]
+            assert "T.parallel(" in body
+            # the update: the reduction loops (k_o, d_i, d_j, k_i) outside the unrolled tile, lanes vectorized
+            update = body[:body.index('T.sblock("conv2d_packed_update")')]
+            nest = re.findall(r"for (\w+(?:, \w+)*) in (T\.\w+|range)\(", update)
+            names = [n for group, _ in nest for n in group.split(", ")]
+            kinds = [k for group, k in nest for _ in group.split(", ")]
+            assert names.index("k_i") < names.index("c_i") and kinds[-1] == "T.vectorized", nest[-6:]
+            assert kinds.count("T.unroll") >= 3
+            # the epilogue (bias, residual add, ReLU) is written from the tile: no block of its own
+            assert 'T.sblock("T_add' not in body and 'T.sblock("compute' not in body
+            # weights read in the nest's order: RewriteLayout's rewrite of the layout-free weight
+            assert "meta_schedule.layout_rewrite_preproc" in text
+
+
+@pytest.mark.parametrize("spec, floats", [(HERE, 8 * 14), (SKYLAKE, 16 * 30)])
+def test_register_tiles_fit_the_cpus_vector_registers(network, spec, floats):
+    lowered, _, _ = network
+    target = tvm.target.Target(spec)
+    lanes, regs = packed_conv_space.vector_registers(target)
+    assert lanes * (regs - 2) == floats
+    seen = []
+    for task in _packed_tasks(lowered, spec):
+        for sch in _samples(task.dispatched[0], spec, 4):
+            seen.append(packed_conv_space.tile_floats(sch))
+    assert max(seen) <= floats and min(seen) >= 16, seen
+    # and the limit is what rejects: a plain draw of the same space exceeds it at times
+    wl = _packed_tasks(lowered, spec)[0].dispatched[0]
+    drawn = []
+    for seed in range(1, 30):
+        sch = tvm.s_tir.Schedule(wl, seed=seed * 7919)
+        packed_conv_space.schedule(sch)
+        drawn.append(packed_conv_space.tile_floats(sch))
+    if spec is HERE:
+        assert max(drawn) > floats, drawn
+
+
+@pytest.mark.parametrize("spec, register", [(HERE, "ymm"), (SKYLAKE, "zmm")])
+def test_the_kernels_are_fused_multiply_adds_on_vector_registers(network, tmp_path, spec, register):
+    lowered, _, _ = network
+    _commit_samples(lowered, spec, tmp_path / "db", seed=5)
+    target = tvm.target.Target(spec)
+    with target, ms.database.JSONDatabase(work_dir=str(tmp_path / "db")):
+        scheduled = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(lowered)
+    ex = tvm.compile(scheduled, target=target)
+    asm = ex.mod.imports[0].inspect_source("asm") if ex.mod.imports else ex.mod.inspect_source("asm")
+    fmas = re.findall(rf"vfmadd\w+ps\s+[^\n]*%{register}", asm)
+    assert len(fmas) >= 16, f"{len(fmas)} vector FMAs on {register}"
+
+
+@pytest.mark.skipif(not host_has_avx2, reason="this CPU has no AVX2: the module cannot run here")
+@pytest.mark.parametrize("seed", [2, 9])
+def test_a_tuned_build_from_the_space_equals_pytorch(network, tmp_path, seed):
+    lowered, x, ref = network
+    (tmp_path / "extract").mkdir()
+    (tmp_path / "extract" / "lowered.json").write_text(tvm.ir.save_json(lowered))
+    (tmp_path / "out").mkdir()
+    assert _commit_samples(lowered, HERE, tmp_path / "db", seed) == 4
+    build_network(tmp_path / "extract", HERE, tmp_path / "out", best_db_dir=tmp_path / "db")
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "out" / LIB)), tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4)
+
+
+def _commit_samples(lowered, spec, db_dir, seed: int) -> int:
+    """A sampled candidate per packed conv task, committed as that task's best record."""
+    db_dir.mkdir(exist_ok=True)
+    db = ms.database.JSONDatabase(work_dir=str(db_dir))
+    target = tvm.target.Target(spec)
+    n = 0
+    for task in _packed_tasks(lowered, spec):
+        wl = task.dispatched[0]
+        sch = next(s for s in (_sample(wl, spec, seed + k * 101) for k in range(40)) if s is not None)
+        db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(wl), [1e-3], target))
+        n += 1
+    return n
