@@ -53,8 +53,8 @@ from vta_pipeline import machine  # noqa: E402
 # mobilenet_v2 packs from its 10th conv (the first channel counts are not multiples of 16)
 # and calibrates per layer (the global scale saturates it).
 MODELS = {
-    "resnet18": {"shape": (1, 3, 224, 224), "int8": []},
-    "mobilenet_v2": {"shape": (1, 3, 224, 224),
+    "resnet18": {"shape": (1, 3, 224, 224), "pack": [], "int8": []},
+    "mobilenet_v2": {"shape": (1, 3, 224, 224), "pack": ["--pack-start", "nn.conv2d", "--pack-start-idx", "9"],
                      "int8": ["--pack-start", "nn.conv2d", "--pack-start-idx", "9", "--calibrate-mode", "max"]},
 }
 # One Prefect server for every pipeline run, as a user's runs report to theirs: each run
@@ -65,6 +65,9 @@ BARE_OUR_POOLS = "bare tune_tasks, 2 boards, our pools and population"
 ALLOCATION = {"flat": "each task that many",
               "latency": "on average: half each, the rest by each task's share of the network's latency"}
 INT8_LAYOUTS = {"x86": "TVM tuned int8, x86 dot-product layout", "vta": "TVM tuned int8, VTA-packed layout"}
+# fp32 rows: the network as imported (NCHW, MetaSchedule's generic space), and packed to
+# NCHW16c where graph pack packs it (NeoCPU's space for its convs, vta_pipeline/packed_conv_space.py).
+FP32_LAYOUTS = {"nchw": "TVM tuned fp32", "packed": "TVM tuned fp32, packed NCHW16c"}
 
 
 # ---- timing -------------------------------------------------------------------------------------
@@ -389,7 +392,7 @@ def curve_tables(res: dict[str, Any]) -> list[str]:
           "network latency; measured points marked *); plot: latency_vs_trials.png", ""]
     for label, c in curves.items():
         model, kind = label.split(" ", 1)
-        ref_engine = "ONNX Runtime fp32" if kind == "fp32" else "ONNX Runtime int8"
+        ref_engine = "ONNX Runtime fp32" if kind.startswith("fp32") else "ONNX Runtime int8"
         ref = next((r["median_ms"] for r in rows if r["model"] == model and r["engine"].startswith(ref_engine)), None)
         measured = {int(n): ms for n, ms in c["measured"]}
         points = sorted({n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n <= len(c["estimated"])} | set(measured))
@@ -481,6 +484,7 @@ def main() -> None:
     ap.add_argument("--models", default="resnet18,mobilenet_v2")
     ap.add_argument("--int8-models", default="resnet18,mobilenet_v2", help="models also tuned int8 ('' = none)")
     ap.add_argument("--int8-layouts", default="x86,vta", help="int8 pack layouts to tune (x86, vta)")
+    ap.add_argument("--fp32-layouts", default="nchw,packed", help="fp32 layouts to tune (nchw, packed)")
     ap.add_argument("--trials", default="2",
                     help="trials per tuning task; a list (4,16,64) tunes on from one budget to the next and "
                          "measures each: the latency-vs-trials curve")
@@ -549,7 +553,10 @@ def main() -> None:
     if args.skip_tvm:
         return
     int8_models = [m for m in models if m in args.int8_models.split(",")]
-    first = [(m, "fp32") for m in models] + [(m, "x86") for m in int8_models if "x86" in layouts]
+    fp32_layouts = [x for x in args.fp32_layouts.split(",") if x]
+    first = ([(m, "fp32") for m in models if "nchw" in fp32_layouts]
+             + [(m, "fp32-packed") for m in models if "packed" in fp32_layouts]
+             + [(m, "x86") for m in int8_models if "x86" in layouts])
     # One board (tracker + 1 rpc server, TVM_NUM_THREADS=threads) for every TVM row: started
     # once, as a rack stays up between runs, instead of once per pipeline run (26 s here). One
     # server: two on one machine time candidates against each other on the same cores.
@@ -583,21 +590,24 @@ def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int]
     one board keeps one: a workload two of them share (resnet18's float stem conv, in fp32
     and in int8) is tuned once, and the cost model learns from all of them. Each task still
     gets exactly the stated number of its own trials."""
-    extra = [] if kind == "fp32" else ["--vta", "--pack-layout", kind, *MODELS[name]["int8"]]
+    extra = ([] if kind == "fp32" else ["--pack", *MODELS[name]["pack"]] if kind == "fp32-packed"
+             else ["--vta", "--pack-layout", kind, *MODELS[name]["int8"]])
+    label = {"fp32": FP32_LAYOUTS["nchw"], "fp32-packed": FP32_LAYOUTS["packed"]}.get(kind) or INT8_LAYOUTS.get(kind)
+    key = {"fp32": "fp32", "fp32-packed": "fp32 packed"}.get(kind, f"int8 {kind}")
     for j, trials in enumerate(budgets):  # later budgets continue from the earlier records
         if f"{name}/{kind}/{trials}" in res["pipeline_runs"]:  # resumed
             continue
+        # fp32 NCHW: its conv2d tasks (as before); packed fp32: every task (auto), since all
+        # of it runs on the CPU and its layout transforms are tasks too; int8: auto.
         r = pipeline_run(name, "torchvision", args.store / "pipeline", trials, args.threads, args.runs,
                          extra, task_filter="conv2d" if kind == "fp32" else "auto", board=board,
                          allocation=args.allocation, in_process=True)
         res["pipeline_runs"][f"{name}/{kind}/{trials}"] = {k: v for k, v in r.items() if k != "result"}
-        res["where_the_time_goes"][f"{name} {'fp32' if kind == 'fp32' else 'int8 ' + kind}"] = time_split(r["result"])
+        res["where_the_time_goes"][f"{name} {key}"] = time_split(r["result"])
         if kind == "fp32" and j == 0:
             add(name, "TVM untuned", evaluation_stats(r["result"]["untuned"]))
-        label = "TVM tuned fp32" if kind == "fp32" else INT8_LAYOUTS[kind]
         tuned = evaluation_stats(r["result"]["tuned"])
-        curve = res.setdefault("curves", {}).setdefault(f"{name} {'fp32' if kind == 'fp32' else 'int8 ' + kind}",
-                                                         {"measured": [], "estimated": []})
+        curve = res.setdefault("curves", {}).setdefault(f"{name} {key}", {"measured": [], "estimated": []})
         curve["measured"].append([trials, tuned["median_ms"]])
         curve["estimated"] = estimated_curve(r["result"], tuned["median_ms"], flat=args.allocation == "flat")
         avg = " on average" if args.allocation == "latency" else ""

@@ -1,4 +1,4 @@
-"""NeoCPU's design space for float packed convs: what its schedules are, and that they are right.
+"""NeoCPU's design space for packed convs: what its schedules are, and that they are right.
 
 The space is the lever for fp32 speed on CPUs (`vta_pipeline/packed_conv_space.py`). These
 tests draw real schedules from it through the tuning step's own `design_space` (no
@@ -6,7 +6,9 @@ measurements), and check what a tuned build keeps: the loop nest NeoCPU prescrib
 parallel outer loop, the reduction outside an unrolled register tile, the packed lanes
 vectorized, the epilogue fused into the tile's write-back, weights re-laid out for the
 nest), tiles that fit the CPU's vector registers, FMA on vector registers in the machine
-code, and a built network equal to PyTorch's output.
+code, and a built network equal to PyTorch's output. The int8 convs of the x86 pack layout
+get the same nest around the CPU's dot product: tensorized (read off the assembly) and bit
+for bit equal to the integer emulation.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from int8_nets import randomize, to_relax
+from int8_nets import Blocks, randomize, to_relax
 from torch import nn
 
 import tvm
@@ -24,9 +26,10 @@ from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import codegen
 
-from vta_pipeline import intrin_registry, packed_conv_space
+from vta_pipeline import emulate, int8_dot, intrin_registry, packed_conv_space
 from vta_pipeline.build import LIB, build_network
 from vta_pipeline.passes.graph_pack import PackParams, graph_pack
+from vta_pipeline.passes.quantize import QuantizeParams, quantize
 from vta_pipeline.relax_pipeline import lower_for_tuning
 from vta_pipeline.tuning import design_space
 
@@ -70,8 +73,9 @@ def _tasks(lowered, spec):
     return ms.relax_integration.extract_tasks(lowered, tvm.target.Target(spec))
 
 
-def _packed_tasks(lowered, spec):
-    return [t for t in _tasks(lowered, spec) if packed_conv_space.matches(t.dispatched[0])]
+def _packed_tasks(lowered, spec, kind: str = "float"):
+    target = tvm.target.Target(spec)
+    return [t for t in _tasks(lowered, spec) if packed_conv_space.conv_kind(t.dispatched[0], target) == kind]
 
 
 def _sample(wl, spec, seed: int):
@@ -98,12 +102,12 @@ def _samples(wl, spec, n: int, draws: int = 40):
 def test_the_space_applies_to_float_packed_convs_only(network):
     lowered, _, _ = network
     tasks = _tasks(lowered, HERE)
-    matched = [t.task_name for t in tasks if packed_conv_space.matches(t.dispatched[0])]
+    matched = [t.task_name for t in tasks if packed_conv_space.conv_kind(t.dispatched[0], tvm.target.Target(HERE)) == "float"]
     # c1, c2 (with the residual add), down, proj: packed; the stem conv (before the max pool) is not
     assert len(matched) == 4, matched
     assert all("conv2d_packed" in name for name in matched)
     stem = [t for t in tasks if "conv2d" in t.task_name and "packed" not in t.task_name]
-    assert stem and not packed_conv_space.matches(stem[0].dispatched[0])
+    assert stem and packed_conv_space.conv_kind(stem[0].dispatched[0], tvm.target.Target(HERE)) is None
 
 
 def test_a_candidate_is_neocpus_loop_nest(network):
@@ -175,15 +179,67 @@ def test_a_tuned_build_from_the_space_equals_pytorch(network, tmp_path, seed):
     np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4)
 
 
-def _commit_samples(lowered, spec, db_dir, seed: int) -> int:
+def _commit_samples(lowered, spec, db_dir, seed: int, kind: str = "float") -> int:
     """A sampled candidate per packed conv task, committed as that task's best record."""
     db_dir.mkdir(exist_ok=True)
     db = ms.database.JSONDatabase(work_dir=str(db_dir))
     target = tvm.target.Target(spec)
     n = 0
-    for task in _packed_tasks(lowered, spec):
+    for task in _packed_tasks(lowered, spec, kind):
         wl = task.dispatched[0]
         sch = next(s for s in (_sample(wl, spec, seed + k * 101) for k in range(40)) if s is not None)
         db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(wl), [1e-3], target))
         n += 1
     return n
+
+
+# ---- int8: the same nest around the dot product ---------------------------------------------------
+@pytest.fixture(scope="module")
+def int8_network():
+    intrin_registry.load()
+    int8_dot.register()
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype("float32")
+    q, _ = quantize(to_relax(randomize(Blocks(), 0), x), QuantizeParams())
+    x86, report = graph_pack(q, PackParams(stop_name="nn.relu", stop_name_idx=4, layout="x86"))
+    return q, lower_for_tuning(x86), x, report
+
+
+def test_int8_convs_get_the_nest_around_the_cpus_dot_product(int8_network):
+    _, lowered, _, report = int8_network
+    dot = _packed_tasks(lowered, HERE, "dot")
+    # five uint8 convs, b1 and b2 one workload (a task of weight 2)
+    assert sum(int(t.weight) for t in dot) == report.uint8_convs == 5 and len(dot) == 4
+    # a CPU without a dot product (no AVX2) keeps the generic space for them
+    assert packed_conv_space.conv_kind(dot[0].dispatched[0], tvm.target.Target({"kind": "llvm", "mcpu": "x86-64",
+                                                                                 "num-cores": 2})) is None
+    lanes, regs = packed_conv_space.vector_registers(tvm.target.Target(HERE))
+    limit = lanes * (regs - packed_conv_space.SPARE_REGISTERS["dot"])
+    for task in dot:
+        for sch in _samples(task.dispatched[0], HERE, 2):
+            body = sch.mod.script()
+            assert "T.parallel(" in body and "llvm.x86.avx2.pmadd.ub.sw" in body  # tensorized: AVX2's pair
+            init = body[body.index('T.sblock("conv2d_dot_packed_init")') - 200:]
+            assert "T.vectorized(T.int64(16))" in init[:200]  # the tile's zeroing is vectorized too
+            assert 16 <= packed_conv_space.tile_floats(sch) <= limit
+            assert 'T.sblock("T_right_shift' not in body  # the requantize is in the tile's write-back
+
+
+@pytest.mark.skipif(not host_has_avx2, reason="this CPU has no AVX2: the tensorized module cannot run here")
+@pytest.mark.parametrize("seed", [4, 11])
+def test_an_int8_build_from_the_space_is_bit_identical_to_the_emulation(int8_network, tmp_path, seed):
+    q, lowered, x, _ = int8_network
+    (tmp_path / "extract").mkdir()
+    (tmp_path / "extract" / "lowered.json").write_text(tvm.ir.save_json(lowered))
+    (tmp_path / "out").mkdir()
+    assert _commit_samples(lowered, HERE, tmp_path / "db", seed, kind="dot") == 4
+    build_network(tmp_path / "extract", HERE, tmp_path / "out", best_db_dir=tmp_path / "db")
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "out" / LIB)), tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(x)).numpy()
+    y_emu, _ = emulate.run(q, [x])
+    assert np.array_equal(out, y_emu)
+    target = tvm.target.Target(HERE)
+    with target, ms.database.JSONDatabase(work_dir=str(tmp_path / "db")):
+        scheduled = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(lowered)
+    ex = tvm.compile(scheduled, target=target)
+    asm = ex.mod.imports[0].inspect_source("asm") if ex.mod.imports else ex.mod.inspect_source("asm")
+    assert asm.count("vpmaddubsw") >= 5

@@ -1,68 +1,82 @@
-"""A small, expert design space for packed float convolutions on CPUs (NeoCPU's schedule).
+"""A small, expert design space for packed convolutions on CPUs (NeoCPU's schedule).
 
 MetaSchedule's generic space for a conv (multi-level tiling of all ten loops, random compute
 locations, random unrolling) holds the fast schedules, but they are rare in it: at the
 budgets a night gives each task (tens of trials), the search measured schedules 3-10x
 slower than ONNX Runtime on the same conv. The direct NCHW[x]c convolution of the NeoCPU
-paper (Liu et al., USENIX ATC 2019; Relay's x86 `conv2d_NCHWc` schedule) is known to reach
-vendor-library speed with a handful of knobs, so for packed fp32 conv tasks we search only
-its space:
+paper (Liu et al., USENIX ATC 2019; Relay's x86 `conv2d_NCHWc` and `conv2d_NCHWc_int8`
+schedules) is known to reach vendor-library speed with a handful of knobs, so for packed conv
+tasks we search only its space:
 
     parallel over (batch block, output-channel chunks, output rows)
       for ow_outer:                               # a register tile of the output
-        for ic_chunk, kh, kw, ic_lane:            # the reduction, innermost lanes of input
+        for ic_chunk, kh, kw, (ic_lane):          # the reduction
           for oh_inner, ow_inner, oc_chunk_inner: # unrolled: reg_h x reg_n x oc_tile accumulators
-            for oc_lane:                          # vectorized: the packed block (16 floats)
-              acc[...] += data[...] * weight[...]
-      epilogue (bias, residual add, ReLU) applied to the tile while it is in registers
+            for oc_lane (x ic_lane):              # float: vectorized over the 16 output lanes;
+              acc[...] += data[...] * weight[...] # int8: the CPU's 16x4 dot product (int8_dot)
+      epilogue (bias, residual add, ReLU; int8: the requantize) applied to the tile in registers
 
 Knobs, each a MetaSchedule sampling decision (so the evolutionary search mutates them and a
 record replays them): how many output-channel chunks one tile computes (`oc_tile`, 1-4), the
 tile's output width (`reg_n`, a divisor of the width up to 8) and height (`reg_h`, up to 4),
-and the unroll depth of the whole nest (0-512, as MetaSchedule's own rule samples it). Weights
-are constants marked layout-free: `RewriteLayout` stores them in the order this nest reads
-them ([oc_chunk, ic_chunk, kh, kw, ic_lane, oc_tile, oc_lane]), once, at build time.
+and the unroll depth of the whole nest (0-512, as MetaSchedule's own rule samples it). Tiles
+whose accumulators do not fit the CPU's vector registers are rejected before they are built
+(`register_limit`). Float weights are constants marked layout-free: `RewriteLayout` stores
+them in the order this nest reads them ([oc_chunk, ic_chunk, kh, kw, ic_lane, oc_tile,
+oc_lane]), once, at build time; int8 weights already are in the dot product's `OIHW16o4i`.
 
-What it applies to (`matches`): a task whose one reduction block is VTA's `conv2d_packed`
-compute (data `N/b, C/c, H, W, b, c`, weights `O/c, I/c, kh, kw, c, c`) in float32, which
-graph pack produces when it packs a float network. Everything else keeps MetaSchedule's
-generic space.
+What it applies to (`conv_kind`): a task whose one reduction block is the packed conv of
+graph pack: VTA's `conv2d_packed` compute in float32 (graph pack of a float network), or the
+x86 layout's `conv2d_dot_packed` (uint8 x int8) on a CPU with a dot-product intrinsic.
+Everything else keeps the spaces it had (`tuning.design_space`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .passes.packed_ops import PACKED_CONV
+from . import int8_dot
+from .passes.packed_ops import DOT_CONV, PACKED_CONV
 
 MAX_REG_N = 8      # output columns per register tile
 MAX_REG_H = 4      # output rows per register tile
 MAX_OC_TILE = 4    # packed output-channel chunks per register tile
 UNROLL_STEPS = [0, 16, 64, 512]  # MetaSchedule's CPU choices for auto-unroll
+TILE_LOOPS = 5     # oh_inner, ow_inner, oc_chunk_inner, batch lane, oc lane
+# Vector registers a tile leaves free: a weight vector and the broadcast input for the float
+# FMA; the dot product's operands and its int16 / int32 partial products for int8.
+SPARE_REGISTERS = {"float": 2, "dot": 5}
 
 
-def _conv_block(sch) -> Any | None:
-    """The workload's packed conv block, if it has exactly one and it is float."""
-    found = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
-             if sch.get(b).name_hint == PACKED_CONV]
-    if len(found) != 1:
-        return None
-    block = sch.get(found[0])
-    if len(block.iter_vars) != 10 or not str(block.writes[0].source.dtype).startswith("float"):
-        return None
-    return found[0]
+def _conv_block(sch) -> tuple[Any, str] | tuple[None, None]:
+    """The workload's packed conv block and its kind ("float" or "dot"), if it has exactly one."""
+    found = [(b, sch.get(b)) for b in sch.get_child_blocks(sch.get_sblock("root"))
+             if sch.get(b).name_hint in (PACKED_CONV, DOT_CONV)]
+    if len(found) != 1 or len(found[0][1].iter_vars) != 10:
+        return None, None
+    block, stmt = found[0]
+    if stmt.name_hint == DOT_CONV:
+        return block, "dot"
+    return (block, "float") if str(stmt.writes[0].source.dtype).startswith("float") else (None, None)
 
 
-def matches(workload: Any) -> bool:
-    """Is this task a float packed conv (the space below applies)?"""
+def conv_kind(workload: Any, target: Any) -> str | None:
+    """"float" or "dot" when this space applies to the task on this target, else None."""
     from tvm.s_tir import Schedule
 
-    return _conv_block(Schedule(workload)) is not None
+    if target.kind.name != "llvm":
+        return None
+    _, kind = _conv_block(Schedule(workload))
+    if kind == "dot" and int8_dot.intrinsic_for(target) is None:
+        return None
+    return kind
 
 
-def schedule(sch) -> None:
-    """Apply the space's schedule to `sch` (a workload `matches` accepted), sampling its knobs."""
-    conv = _conv_block(sch)
+def schedule(sch, intrin: str | None = None) -> None:
+    """Apply the space's schedule to `sch` (a workload `conv_kind` accepted), sampling its
+    knobs; `intrin`: the dot-product intrinsic for an int8 conv."""
+    conv, kind = _conv_block(sch)
+    _inline_elementwise(sch, conv)
     b_o, c_o, oh, ow, b_i, c_i, k_o, d_i, d_j, k_i = sch.get_loops(conv)
 
     oc_split = sch.sample_perfect_tile(c_o, n=2, max_innermost_factor=MAX_OC_TILE)
@@ -71,31 +85,58 @@ def schedule(sch) -> None:
     c_o_o, c_o_i = sch.split(c_o, oc_split)
     oh_o, oh_i = sch.split(oh, h_split)
     ow_o, ow_i = sch.split(ow, w_split)
-    sch.reorder(b_o, c_o_o, oh_o, ow_o, k_o, d_i, d_j, k_i, oh_i, ow_i, c_o_i, b_i, c_i)
+    if kind == "float":
+        sch.reorder(b_o, c_o_o, oh_o, ow_o, k_o, d_i, d_j, k_i, oh_i, ow_i, c_o_i, b_i, c_i)
+    else:  # the dot product's 16 lanes x 4 reduction steps stay innermost, as one block
+        sch.reorder(b_o, c_o_o, oh_o, ow_o, k_o, d_i, d_j, oh_i, ow_i, c_o_i, b_i, c_i, k_i)
     outer = sch.fuse(b_o, c_o_o, oh_o)
     sch.parallel(outer)
-    sch.vectorize(c_i)  # before the reduction is split up: TIR checks its dataflow here
+    if kind == "float":
+        sch.vectorize(c_i)  # before the reduction is split up: TIR checks its dataflow here
+    _schedule_producers(sch, conv)
     for loop in (oh_i, ow_i, c_o_i):  # the tile's accumulators live in registers
         sch.unroll(loop)
-    _schedule_producers(sch, conv)
 
-    # Accumulate the tile in a local buffer (registers once unrolled), then write it out
-    # through the epilogue in the same pass over the tile.
-    acc = sch.cache_write(conv, 0, "local")
+    # Accumulate the tile in its own small buffer (registers once unrolled), then write it
+    # out through the epilogue in the same pass over the tile. The dot-product intrinsic's
+    # accumulator is declared in global scope, so int8 tiles are, too (still a tile-sized
+    # buffer: TIR compacts it to the tile).
+    acc = sch.cache_write(conv, 0, "local" if kind == "float" else "global")
     sch.reverse_compute_at(acc, ow_o, preserve_unit_loops=True)
     _fuse_epilogue(sch, acc)
 
-    init = sch.decompose_reduction(conv, k_o)
-    for block in (init, acc):
-        sch.vectorize(sch.get_loops(block)[-1])
+    if kind == "float":
+        init = sch.decompose_reduction(conv, k_o)
+        sch.vectorize(sch.get_loops(init)[-1])
+    else:
+        dot = sch.blockize(c_i)
+        init = sch.decompose_reduction(dot, k_o)
+        (lanes,) = sch.get_child_blocks(init)  # the init of the 16 lanes, inside the blockized one
+        sch.vectorize(sch.get_loops(lanes)[-1])
+        sch.tensorize(dot, intrin)
+    sch.vectorize(sch.get_loops(acc)[-1])
 
     unroll = sch.sample_categorical(UNROLL_STEPS, probs=[0.25] * 4)
     sch.annotate(sch.get_sblock("root"), "meta_schedule.unroll_explicit", unroll)
 
 
+def _inline_elementwise(sch, conv) -> None:
+    """Inline every elementwise block at the root other than the conv and its padding (casts
+    of a residual input, the steps of a requantize) into its consumers, so the epilogue is one
+    block after the conv."""
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        name = sch.get(block).name_hint
+        if name.startswith("pad") or sch.get(block).same_as(sch.get(conv)):
+            continue
+        try:
+            sch.compute_inline(block)
+        except Exception:  # noqa: BLE001 - an output, or not elementwise: it stays a block
+            pass
+
+
 def _fuse_epilogue(sch, acc) -> None:
-    """Fold the elementwise blocks after the conv (bias add, residual add, ReLU) into the
-    tile's write-back, so the conv's output never goes to memory before them."""
+    """Fold the elementwise blocks after the conv (bias add, residual add, ReLU, requantize)
+    into the tile's write-back, so the conv's output never goes to memory before them."""
     while True:
         consumers = sch.get_consumers(acc)
         if len(consumers) != 1:
@@ -118,35 +159,36 @@ def _schedule_producers(sch, conv) -> None:
 
 
 def vector_registers(target: Any) -> tuple[int, int]:
-    """(float lanes per vector register, vector registers) of a CPU target: what bounds a
-    register tile. AVX-512 (x86 CPUs whose LLVM name implies it): 16 x 32; other x86: AVX2's
-    8 x 16; ARM: NEON's 4 x 32."""
-    mcpu = str(target.attrs.get("mcpu", "")) if "mcpu" in target.attrs else ""
-    triple = str(target.attrs.get("mtriple", "")) if "mtriple" in target.attrs else ""
+    """(32-bit lanes per vector register, vector registers) of a CPU target: what bounds a
+    register tile. AVX-512: 16 x 32; other x86 (AVX2): 8 x 16; ARM (NEON): 4 x 32."""
+    from tvm.target import codegen
+
+    triple = str(target.attrs.get("mtriple", "") or "") if "mtriple" in target.attrs else ""
     if triple.startswith(("arm", "aarch64")):
         return 4, 32
-    if any(k in mcpu for k in AVX512_CPUS):
-        return 16, 32
+    try:
+        if codegen.target_has_features(["avx512f"], target):
+            return 16, 32
+    except Exception:  # noqa: BLE001 - a CPU LLVM does not know: assume AVX2's registers
+        pass
     return 8, 16
-
-
-# LLVM CPU names with AVX-512F (Intel since Skylake-SP, AMD since Zen 4).
-AVX512_CPUS = ("skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake", "tigerlake",
-               "sapphirerapids", "emeraldrapids", "graniterapids", "alderlake-avx512", "rocketlake",
-               "znver4", "znver5", "x86-64-v4")
 
 
 def tile_floats(sch) -> int:
     """Accumulators of the conv's register tile: the extents of the loops inside its
     reduction (oh_inner, ow_inner, oc_chunk_inner, batch lane, oc lane) multiplied."""
-    conv = next(b for b in _blocks(sch) if sch.get(b).name_hint == PACKED_CONV + "_update")
+    names = {PACKED_CONV + "_update", DOT_CONV + "_update", DOT_CONV + "_o_update"}
+    conv = next(b for b in _blocks(sch) if sch.get(b).name_hint in names)
+    loops = sch.get_loops(conv)
     n = 1
-    for loop in sch.get_loops(conv)[-TILE_LOOPS:]:
+    if sch.get(conv).name_hint.startswith(DOT_CONV):
+        n = 16  # the tensorized 16 output lanes are inside the blockized update
+        loops = loops[-(TILE_LOOPS - 1):]
+    else:
+        loops = loops[-TILE_LOOPS:]
+    for loop in loops:
         n *= int(sch.get(loop).extent)
     return n
-
-
-TILE_LOOPS = 5
 
 
 def _blocks(sch) -> list:
@@ -158,15 +200,15 @@ def _blocks(sch) -> list:
     return out[1:]
 
 
-def register_limit(target: Any) -> Any:
+def register_limit(target: Any, kind: str) -> Any:
     """A postprocessor that rejects candidates whose register tile cannot fit the target's
-    vector registers (two kept for a weight vector and the broadcast input): MetaSchedule
-    then samples another, instead of measuring a tile that spills to the stack."""
+    vector registers (some kept for the operands, `SPARE_REGISTERS`): MetaSchedule then
+    samples another, instead of measuring a tile that spills to the stack."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.postproc import PyPostproc
 
     lanes, regs = vector_registers(target)
-    limit = lanes * (regs - 2)
+    limit = lanes * (regs - SPARE_REGISTERS[kind])
 
     @derived_object
     class RegisterLimit(PyPostproc):
@@ -177,21 +219,27 @@ def register_limit(target: Any) -> Any:
             return tile_floats(sch) <= limit
 
         def clone(self):
-            return register_limit(target)
+            return register_limit(target, kind)
 
     return RegisterLimit()
 
 
-def space_generator(target: Any) -> Any:
-    """MetaSchedule's space generator for a task `matches` accepted."""
+def space_generator(target: Any, kind: str) -> Any:
+    """MetaSchedule's space generator for a task of `conv_kind` `kind` on `target`."""
     from tvm.s_tir import meta_schedule as ms
 
+    intrin = None
+    if kind == "dot":
+        int8_dot.register()
+        intrin = int8_dot.intrinsic_for(target)
     postprocs = [
-        register_limit(target),
+        register_limit(target, kind),
         ms.postproc.DisallowDynamicLoop(),
         ms.postproc.RewriteParallelVectorizeUnroll(),  # realizes the sampled unroll depth
         ms.postproc.RewriteReductionBlock(),
-        ms.postproc.RewriteLayout(),
     ]
+    if kind == "float":  # int8 weights already are in the layout the dot product reads
+        postprocs.append(ms.postproc.RewriteLayout())
     mutators = {ms.mutator.MutateTileSize(): 0.8, ms.mutator.MutateUnroll(): 0.2}
-    return ms.space_generator.ScheduleFn(schedule, sch_rules=[], postprocs=postprocs, mutator_probs=mutators)
+    return ms.space_generator.ScheduleFn(lambda sch: schedule(sch, intrin), sch_rules=[], postprocs=postprocs,
+                                         mutator_probs=mutators)

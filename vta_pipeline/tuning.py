@@ -509,11 +509,13 @@ def genetic_iters(round_size: int) -> int:
 
 
 def design_space(target: Any, workload_mod: Any, failures: int8_dot.TensorizeFailures | None = None) -> Any:
-    """The search space of one task: NeoCPU's packed-conv space for float packed convs on a
-    CPU (`packed_conv_space`), the dot-product space for uint8 x int8 blocks (`int8_dot`),
-    MetaSchedule's generic space for everything else."""
-    if target.kind.name == "llvm" and packed_conv_space.matches(workload_mod):
-        return packed_conv_space.space_generator(target)
+    """The search space of one task: NeoCPU's packed-conv space for graph pack's convs on a
+    CPU (`packed_conv_space`: float, and uint8 x int8 where the CPU has a dot product), the
+    dot-product rule for other uint8 x int8 blocks (`int8_dot`), MetaSchedule's generic space
+    for everything else."""
+    kind = packed_conv_space.conv_kind(workload_mod, target)
+    if kind is not None:
+        return packed_conv_space.space_generator(target, kind)
     return int8_dot.space_generator(target, workload_mod, failures)
 
 
