@@ -363,22 +363,28 @@ def curve_plot(curves: dict[str, Any], refs: dict[str, float], path: Path) -> No
     import matplotlib.pyplot as plt
     from matplotlib.ticker import ScalarFormatter
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, (ax, at) = plt.subplots(1, 2, figsize=(12, 4.6))
     for i, (label, c) in enumerate(curves.items()):
         color = f"C{i}"
         if c["estimated"]:
             ax.step(*zip(*c["estimated"]), where="post", color=color, label=f"{label} (estimated from task curves)")
         ax.plot(*zip(*c["measured"]), "o", color=color, label=f"{label} (measured)")
-    for j, (label, ms) in enumerate(refs.items()):
-        ax.axhline(ms, linestyle="--", color=f"C{len(curves) + j}", label=label)
+        minutes = dict((int(n), s / 60) for n, s in c.get("tuning_s", []))
+        points = [(minutes[int(n)], ms) for n, ms in c["measured"] if int(n) in minutes]
+        if points:
+            at.plot(*zip(*points), "o-", color=color, label=label)
+    for a in (ax, at):
+        for j, (label, ms) in enumerate(refs.items()):
+            a.axhline(ms, linestyle="--", color=f"C{len(curves) + j}", label=label)
+        a.set_yscale("log")
+        a.yaxis.set_major_formatter(ScalarFormatter())
+        a.set_ylabel("network latency, ms (median)")
+        a.grid(True, which="both", alpha=0.3)
+        a.legend(fontsize=6)
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    for axis in (ax.xaxis, ax.yaxis):
-        axis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_major_formatter(ScalarFormatter())
     ax.set_xlabel("trials per task")
-    ax.set_ylabel("network latency, ms (median)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    at.set_xlabel("tuning wall time, minutes (this machine, built networks measured)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -398,9 +404,11 @@ def curve_tables(res: dict[str, Any]) -> list[str]:
         points = sorted({n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n <= len(c["estimated"])} | set(measured))
         est = dict((int(n), ms) for n, ms in c["estimated"])
         cells = [f"{measured[n]:.1f}*" if n in measured else f"{est[n]:.1f}" for n in points if n in est or n in measured]
+        tuned_min = ", ".join(f"{int(n)}: {s_ / 60:.1f} min" for n, s_ in c.get("tuning_s", []))
         md += [f"- {label}: " + ", ".join(f"{n}: {v}" for n, v in zip(points, cells)) + " ms"
                + (f"; {ref_engine} {ref:.2f} ms: {budget_to_reach(c['estimated'], ref)}" if ref and c["estimated"]
-                  else "")]
+                  else "")
+               + (f"; tuning wall time to each measured point: {tuned_min}" if tuned_min else "")]
     return md
 
 
@@ -609,6 +617,9 @@ def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int]
         tuned = evaluation_stats(r["result"]["tuned"])
         curve = res.setdefault("curves", {}).setdefault(f"{name} {key}", {"measured": [], "estimated": []})
         curve["measured"].append([trials, tuned["median_ms"]])
+        # the tuning wall time behind each measured point: the budgets' tuning phases added up
+        so_far = (curve.get("tuning_s") or [[0, 0.0]])[-1][1] + (r.get("tune_s") or 0.0)
+        curve.setdefault("tuning_s", []).append([trials, so_far])
         curve["estimated"] = estimated_curve(r["result"], tuned["median_ms"], flat=args.allocation == "flat")
         avg = " on average" if args.allocation == "latency" else ""
         add(name, f"{label} ({trials} trials/task{avg})", tuned)

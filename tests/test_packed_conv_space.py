@@ -99,15 +99,34 @@ def _samples(wl, spec, n: int, draws: int = 40):
     raise AssertionError(f"only {len(out)} of {draws} draws passed the postprocessors")
 
 
-def test_the_space_applies_to_float_packed_convs_only(network):
+def test_the_space_applies_to_packed_convs_and_plain_ones_with_whole_vectors_of_channels(network):
     lowered, _, _ = network
-    tasks = _tasks(lowered, HERE)
-    matched = [t.task_name for t in tasks if packed_conv_space.conv_kind(t.dispatched[0], tvm.target.Target(HERE)) == "float"]
-    # c1, c2 (with the residual add), down, proj: packed; the stem conv (before the max pool) is not
-    assert len(matched) == 4, matched
-    assert all("conv2d_packed" in name for name in matched)
-    stem = [t for t in tasks if "conv2d" in t.task_name and "packed" not in t.task_name]
-    assert stem and packed_conv_space.conv_kind(stem[0].dispatched[0], tvm.target.Target(HERE)) is None
+    target = tvm.target.Target(HERE)
+    kinds = {t.task_name: packed_conv_space.conv_kind(t.dispatched[0], target) for t in _tasks(lowered, HERE)}
+    # c1, c2 (with the residual add), down, proj: packed; the stem conv (before the max pool) is
+    # plain NCHW with 16 output channels; the rest (pools, layout transforms) is not a conv
+    assert sorted(k for k in kinds.values() if k) == ["float"] * 4 + ["nchw"], kinds
+    assert all("conv2d_packed" in name for name, k in kinds.items() if k == "float")
+    # a plain conv whose output channels fill no vector (12), or a GPU target: not this space
+    x = np.zeros((1, 3, 8, 8), "float32")
+    odd = lower_for_tuning(to_relax(randomize(nn.Sequential(nn.Conv2d(3, 12, 3)), 0), x))
+    (conv,) = [t for t in _tasks(odd, HERE) if "conv2d" in t.task_name]
+    assert packed_conv_space.conv_kind(conv.dispatched[0], target) is None
+    stem = next(t for t in _tasks(lowered, HERE) if kinds[t.task_name] == "nchw")
+    assert packed_conv_space.conv_kind(stem.dispatched[0], tvm.target.Target({"kind": "cuda"})) is None
+
+
+def test_the_stem_conv_is_the_same_nest_over_16_output_lanes(network):
+    lowered, _, _ = network
+    (stem,) = _packed_tasks(lowered, HERE, "nchw")
+    for sch in _samples(stem.dispatched[0], HERE, 3):
+        body = sch.mod.script()
+        update = body[:body.index('T.sblock("conv2d_nchw_update")')]
+        nest = re.findall(r"for (\w+(?:, \w+)*) in (T\.\w+|range)\(", update)
+        names = [n for group, _ in nest for n in group.split(", ")]
+        assert names.index("rx") < names.index("ff_1") and nest[-1][1] == "T.vectorized", nest[-6:]
+        assert "T.vectorized(T.int64(16))" in update and "T.parallel(" in body
+        assert 'T.sblock("T_add' not in body and "meta_schedule.layout_rewrite_preproc" in body
 
 
 def test_a_candidate_is_neocpus_loop_nest(network):
@@ -155,7 +174,7 @@ def test_register_tiles_fit_the_cpus_vector_registers(network, spec, floats):
 @pytest.mark.parametrize("spec, register", [(HERE, "ymm"), (SKYLAKE, "zmm")])
 def test_the_kernels_are_fused_multiply_adds_on_vector_registers(network, tmp_path, spec, register):
     lowered, _, _ = network
-    _commit_samples(lowered, spec, tmp_path / "db", seed=5)
+    _commit_samples(lowered, spec, tmp_path / "db", seed=5, kinds=("float", "nchw"))
     target = tvm.target.Target(spec)
     with target, ms.database.JSONDatabase(work_dir=str(tmp_path / "db")):
         scheduled = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(lowered)
@@ -172,20 +191,20 @@ def test_a_tuned_build_from_the_space_equals_pytorch(network, tmp_path, seed):
     (tmp_path / "extract").mkdir()
     (tmp_path / "extract" / "lowered.json").write_text(tvm.ir.save_json(lowered))
     (tmp_path / "out").mkdir()
-    assert _commit_samples(lowered, HERE, tmp_path / "db", seed) == 4
+    assert _commit_samples(lowered, HERE, tmp_path / "db", seed, kinds=("float", "nchw")) == 5
     build_network(tmp_path / "extract", HERE, tmp_path / "out", best_db_dir=tmp_path / "db")
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "out" / LIB)), tvm.cpu())
     out = vm["main"](tvm.runtime.tensor(x)).numpy()
     np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4)
 
 
-def _commit_samples(lowered, spec, db_dir, seed: int, kind: str = "float") -> int:
-    """A sampled candidate per packed conv task, committed as that task's best record."""
+def _commit_samples(lowered, spec, db_dir, seed: int, kinds: tuple[str, ...] = ("float",)) -> int:
+    """A sampled candidate per task of these kinds, committed as that task's best record."""
     db_dir.mkdir(exist_ok=True)
     db = ms.database.JSONDatabase(work_dir=str(db_dir))
     target = tvm.target.Target(spec)
     n = 0
-    for task in _packed_tasks(lowered, spec, kind):
+    for task in [t for kind in kinds for t in _packed_tasks(lowered, spec, kind)]:
         wl = task.dispatched[0]
         sch = next(s for s in (_sample(wl, spec, seed + k * 101) for k in range(40)) if s is not None)
         db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(wl), [1e-3], target))
@@ -231,7 +250,7 @@ def test_an_int8_build_from_the_space_is_bit_identical_to_the_emulation(int8_net
     (tmp_path / "extract").mkdir()
     (tmp_path / "extract" / "lowered.json").write_text(tvm.ir.save_json(lowered))
     (tmp_path / "out").mkdir()
-    assert _commit_samples(lowered, HERE, tmp_path / "db", seed, kind="dot") == 4
+    assert _commit_samples(lowered, HERE, tmp_path / "db", seed, kinds=("dot",)) == 4
     build_network(tmp_path / "extract", HERE, tmp_path / "out", best_db_dir=tmp_path / "db")
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "out" / LIB)), tvm.cpu())
     out = vm["main"](tvm.runtime.tensor(x)).numpy()

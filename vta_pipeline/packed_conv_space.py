@@ -45,19 +45,35 @@ UNROLL_STEPS = [0, 16, 64, 512]  # MetaSchedule's CPU choices for auto-unroll
 TILE_LOOPS = 5     # oh_inner, ow_inner, oc_chunk_inner, batch lane, oc lane
 # Vector registers a tile leaves free: a weight vector and the broadcast input for the float
 # FMA; the dot product's operands and its int16 / int32 partial products for int8.
-SPARE_REGISTERS = {"float": 2, "dot": 5}
+SPARE_REGISTERS = {"float": 2, "nchw": 2, "dot": 5}
+
+
+NCHW_CONV = "conv2d_nchw"  # TOPI's block for a plain (groups = 1) NCHW conv
 
 
 def _conv_block(sch) -> tuple[Any, str] | tuple[None, None]:
-    """The workload's packed conv block and its kind ("float" or "dot"), if it has exactly one."""
+    """The workload's conv block and its kind, if it has exactly one this space schedules:
+    "float" (packed, float), "dot" (packed, uint8 x int8), "nchw" (plain NCHW, float, with
+    output channels in multiples of 8: the stem conv and the convs graph pack leaves out)."""
     found = [(b, sch.get(b)) for b in sch.get_child_blocks(sch.get_sblock("root"))
-             if sch.get(b).name_hint in (PACKED_CONV, DOT_CONV)]
-    if len(found) != 1 or len(found[0][1].iter_vars) != 10:
+             if sch.get(b).name_hint in (PACKED_CONV, DOT_CONV, NCHW_CONV)]
+    if len(found) != 1:
         return None, None
     block, stmt = found[0]
+    is_float = str(stmt.writes[0].source.dtype).startswith("float")
+    if stmt.name_hint == NCHW_CONV:
+        ok = len(stmt.iter_vars) == 7 and is_float and _nchw_lanes(int(stmt.iter_vars[1].dom.extent))
+        return (block, "nchw") if ok else (None, None)
+    if len(stmt.iter_vars) != 10:
+        return None, None
     if stmt.name_hint == DOT_CONV:
         return block, "dot"
-    return (block, "float") if str(stmt.writes[0].source.dtype).startswith("float") else (None, None)
+    return (block, "float") if is_float else (None, None)
+
+
+def _nchw_lanes(channels: int) -> int | None:
+    """Output channels vectorized together in a plain NCHW conv: 16 (as a packed block), or 8."""
+    return 16 if channels % 16 == 0 else 8 if channels % 8 == 0 else None
 
 
 def conv_kind(workload: Any, target: Any) -> str | None:
@@ -77,6 +93,9 @@ def schedule(sch, intrin: str | None = None) -> None:
     knobs; `intrin`: the dot-product intrinsic for an int8 conv."""
     conv, kind = _conv_block(sch)
     _inline_elementwise(sch, conv)
+    if kind == "nchw":
+        _schedule_nchw(sch, conv)
+        return
     b_o, c_o, oh, ow, b_i, c_i, k_o, d_i, d_j, k_i = sch.get_loops(conv)
 
     oc_split = sch.sample_perfect_tile(c_o, n=2, max_innermost_factor=MAX_OC_TILE)
@@ -115,9 +134,37 @@ def schedule(sch, intrin: str | None = None) -> None:
         sch.vectorize(sch.get_loops(lanes)[-1])
         sch.tensorize(dot, intrin)
     sch.vectorize(sch.get_loops(acc)[-1])
+    _sample_unroll(sch)
 
+
+def _sample_unroll(sch) -> None:
     unroll = sch.sample_categorical(UNROLL_STEPS, probs=[0.25] * 4)
     sch.annotate(sch.get_sblock("root"), "meta_schedule.unroll_explicit", unroll)
+
+
+def _schedule_nchw(sch, conv) -> None:
+    """The same nest for a plain NCHW conv: the output channels split into chunks of 16 (or 8)
+    lanes, vectorized; weights re-laid out by RewriteLayout as if packed; the tile written
+    back to NCHW once its reduction is done (one strided store per lane and pixel, against
+    C_in x kh x kw FMAs: the stem conv has 147)."""
+    nn, ff, yy, xx, rc, ry, rx = sch.get_loops(conv)
+    lanes = _nchw_lanes(int(sch.get(ff).extent))
+    ff_c, ff_l = sch.split(ff, [None, lanes])
+    ff_o, ff_t = sch.split(ff_c, sch.sample_perfect_tile(ff_c, n=2, max_innermost_factor=MAX_OC_TILE))
+    yy_o, yy_i = sch.split(yy, sch.sample_perfect_tile(yy, n=2, max_innermost_factor=MAX_REG_H))
+    xx_o, xx_i = sch.split(xx, sch.sample_perfect_tile(xx, n=2, max_innermost_factor=MAX_REG_N))
+    sch.reorder(nn, ff_o, yy_o, xx_o, rc, ry, rx, yy_i, xx_i, ff_t, ff_l)
+    sch.parallel(sch.fuse(nn, ff_o, yy_o))
+    sch.vectorize(ff_l)
+    _schedule_producers(sch, conv)
+    for loop in (yy_i, xx_i, ff_t):
+        sch.unroll(loop)
+    acc = sch.cache_write(conv, 0, "local")
+    sch.reverse_compute_at(acc, xx_o, preserve_unit_loops=True)
+    _fuse_epilogue(sch, acc)
+    init = sch.decompose_reduction(conv, rc)
+    sch.vectorize(sch.get_loops(init)[-1])
+    _sample_unroll(sch)
 
 
 def _inline_elementwise(sch, conv) -> None:
@@ -155,7 +202,8 @@ def _schedule_producers(sch, conv) -> None:
         if len(loops) < 3:
             continue
         sch.parallel(sch.fuse(*loops[:3]))
-        sch.vectorize(loops[-1])
+        if int(sch.get(loops[-1]).extent) <= 64:  # a packed block's lanes, not a whole NCHW row
+            sch.vectorize(loops[-1])
 
 
 def vector_registers(target: Any) -> tuple[int, int]:
@@ -177,13 +225,15 @@ def vector_registers(target: Any) -> tuple[int, int]:
 def tile_floats(sch) -> int:
     """Accumulators of the conv's register tile: the extents of the loops inside its
     reduction (oh_inner, ow_inner, oc_chunk_inner, batch lane, oc lane) multiplied."""
-    names = {PACKED_CONV + "_update", DOT_CONV + "_update", DOT_CONV + "_o_update"}
+    names = {PACKED_CONV + "_update", DOT_CONV + "_o_update", NCHW_CONV + "_update"}
     conv = next(b for b in _blocks(sch) if sch.get(b).name_hint in names)
     loops = sch.get_loops(conv)
     n = 1
     if sch.get(conv).name_hint.startswith(DOT_CONV):
         n = 16  # the tensorized 16 output lanes are inside the blockized update
         loops = loops[-(TILE_LOOPS - 1):]
+    elif sch.get(conv).name_hint.startswith(NCHW_CONV):
+        loops = loops[-(TILE_LOOPS - 1):]  # no batch lane
     else:
         loops = loops[-TILE_LOOPS:]
     for loop in loops:
@@ -238,7 +288,7 @@ def space_generator(target: Any, kind: str) -> Any:
         ms.postproc.RewriteParallelVectorizeUnroll(),  # realizes the sampled unroll depth
         ms.postproc.RewriteReductionBlock(),
     ]
-    if kind == "float":  # int8 weights already are in the layout the dot product reads
+    if kind != "dot":  # int8 weights already are in the layout the dot product reads
         postprocs.append(ms.postproc.RewriteLayout())
     mutators = {ms.mutator.MutateTileSize(): 0.8, ms.mutator.MutateUnroll(): 0.2}
     return ms.space_generator.ScheduleFn(lambda sch: schedule(sch, intrin), sch_rules=[], postprocs=postprocs,
