@@ -40,7 +40,8 @@ host_has_avx2 = bool(codegen.target_has_features(
 
 
 class Residual(nn.Module):
-    """A stem, a max pool (where packing starts), a residual block, a strided conv, a 1x1."""
+    """A stem, a max pool (where packing starts), a residual block, a strided conv, a 1x1, a
+    depthwise conv."""
 
     def __init__(self):
         super().__init__()
@@ -49,11 +50,12 @@ class Residual(nn.Module):
         self.c2 = nn.Conv2d(16, 16, 3, padding=1)
         self.down = nn.Conv2d(16, 32, 3, stride=2, padding=1)
         self.proj = nn.Conv2d(32, 32, 1)
+        self.dw = nn.Conv2d(32, 32, 3, padding=1, groups=32)
 
     def forward(self, x):
         x = nn.functional.max_pool2d(torch.relu(self.stem(x)), 2)
         x = torch.relu(self.c2(torch.relu(self.c1(x))) + x)
-        x = self.proj(torch.relu(self.down(x)))
+        x = torch.relu(self.dw(self.proj(torch.relu(self.down(x)))))
         return nn.functional.adaptive_avg_pool2d(x, 1)
 
 
@@ -103,9 +105,10 @@ def test_the_space_applies_to_packed_convs_and_plain_ones_with_whole_vectors_of_
     lowered, _, _ = network
     target = tvm.target.Target(HERE)
     kinds = {t.task_name: packed_conv_space.conv_kind(t.dispatched[0], target) for t in _tasks(lowered, HERE)}
-    # c1, c2 (with the residual add), down, proj: packed; the stem conv (before the max pool) is
-    # plain NCHW with 16 output channels; the rest (pools, layout transforms) is not a conv
-    assert sorted(k for k in kinds.values() if k) == ["float"] * 4 + ["nchw"], kinds
+    # c1, c2 (with the residual add), down, proj: packed; dw: packed depthwise; the stem conv
+    # (before the max pool) is plain NCHW with 16 output channels; the rest (pools, layout
+    # transforms) is not a conv
+    assert sorted(k for k in kinds.values() if k) == ["depthwise"] + ["float"] * 4 + ["nchw"], kinds
     assert all("conv2d_packed" in name for name, k in kinds.items() if k == "float")
     # a plain conv whose output channels fill no vector (12), or a GPU target: not this space
     x = np.zeros((1, 3, 8, 8), "float32")
@@ -127,6 +130,18 @@ def test_the_stem_conv_is_the_same_nest_over_16_output_lanes(network):
         assert names.index("rx") < names.index("ff_1") and nest[-1][1] == "T.vectorized", nest[-6:]
         assert "T.vectorized(T.int64(16))" in update and "T.parallel(" in body
         assert 'T.sblock("T_add' not in body and "meta_schedule.layout_rewrite_preproc" in body
+
+
+def test_a_depthwise_conv_is_vectorized_over_its_channel_block(network):
+    lowered, _, _ = network
+    (dw,) = _packed_tasks(lowered, HERE, "depthwise")
+    for sch in _samples(dw.dispatched[0], HERE, 3):
+        body = sch.mod.script()
+        update = body[:body.index('T.sblock("depthwise_conv2d_packed_update")')]
+        nest = re.findall(r"for (\w+(?:, \w+)*) in (T\.\w+|range)\(", update)
+        names = [n for group, _ in nest for n in group.split(", ")]
+        assert names.index("d_j") < names.index("c_i") and nest[-1] == ("c_i", "T.vectorized"), nest[-6:]
+        assert "T.parallel(" in body and 'T.sblock("compute' not in body  # ReLU in the write-back
 
 
 def test_a_candidate_is_neocpus_loop_nest(network):
@@ -191,7 +206,7 @@ def test_a_tuned_build_from_the_space_equals_pytorch(network, tmp_path, seed):
     (tmp_path / "extract").mkdir()
     (tmp_path / "extract" / "lowered.json").write_text(tvm.ir.save_json(lowered))
     (tmp_path / "out").mkdir()
-    assert _commit_samples(lowered, HERE, tmp_path / "db", seed, kinds=("float", "nchw")) == 5
+    assert _commit_samples(lowered, HERE, tmp_path / "db", seed, kinds=("float", "nchw", "depthwise")) == 6
     build_network(tmp_path / "extract", HERE, tmp_path / "out", best_db_dir=tmp_path / "db")
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "out" / LIB)), tvm.cpu())
     out = vm["main"](tvm.runtime.tensor(x)).numpy()

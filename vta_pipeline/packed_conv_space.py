@@ -25,10 +25,13 @@ whose accumulators do not fit the CPU's vector registers are rejected before the
 them in the order this nest reads them ([oc_chunk, ic_chunk, kh, kw, ic_lane, oc_tile,
 oc_lane]), once, at build time; int8 weights already are in the dot product's `OIHW16o4i`.
 
-What it applies to (`conv_kind`): a task whose one reduction block is the packed conv of
-graph pack: VTA's `conv2d_packed` compute in float32 (graph pack of a float network), or the
-x86 layout's `conv2d_dot_packed` (uint8 x int8) on a CPU with a dot-product intrinsic.
-Everything else keeps the spaces it had (`tuning.design_space`).
+What it applies to (`conv_kind`), on CPU targets: a task whose one reduction block is a conv
+of graph pack: VTA's `conv2d_packed` compute in float32 (graph pack of a float network), the
+x86 layout's `conv2d_dot_packed` (uint8 x int8) on a CPU with a dot-product intrinsic, a
+packed depthwise conv (same nest, no channel reduction); or a plain NCHW float conv whose
+output channels fill whole vectors (the stem conv, layers outside the packed region: the same
+nest over 16 or 8 output lanes). Everything else keeps the spaces it had
+(`tuning.design_space`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import int8_dot
-from .passes.packed_ops import DOT_CONV, PACKED_CONV
+from .passes.packed_ops import DOT_CONV, PACKED_CONV, PACKED_DEPTHWISE
 
 MAX_REG_N = 8      # output columns per register tile
 MAX_REG_H = 4      # output rows per register tile
@@ -45,7 +48,7 @@ UNROLL_STEPS = [0, 16, 64, 512]  # MetaSchedule's CPU choices for auto-unroll
 TILE_LOOPS = 5     # oh_inner, ow_inner, oc_chunk_inner, batch lane, oc lane
 # Vector registers a tile leaves free: a weight vector and the broadcast input for the float
 # FMA; the dot product's operands and its int16 / int32 partial products for int8.
-SPARE_REGISTERS = {"float": 2, "nchw": 2, "dot": 5}
+SPARE_REGISTERS = {"float": 2, "nchw": 2, "depthwise": 2, "dot": 5}
 
 
 NCHW_CONV = "conv2d_nchw"  # TOPI's block for a plain (groups = 1) NCHW conv
@@ -56,11 +59,13 @@ def _conv_block(sch) -> tuple[Any, str] | tuple[None, None]:
     "float" (packed, float), "dot" (packed, uint8 x int8), "nchw" (plain NCHW, float, with
     output channels in multiples of 8: the stem conv and the convs graph pack leaves out)."""
     found = [(b, sch.get(b)) for b in sch.get_child_blocks(sch.get_sblock("root"))
-             if sch.get(b).name_hint in (PACKED_CONV, DOT_CONV, NCHW_CONV)]
+             if sch.get(b).name_hint in (PACKED_CONV, DOT_CONV, NCHW_CONV, PACKED_DEPTHWISE)]
     if len(found) != 1:
         return None, None
     block, stmt = found[0]
     is_float = str(stmt.writes[0].source.dtype).startswith("float")
+    if stmt.name_hint == PACKED_DEPTHWISE:  # any type: int8 products widen to int32 lanes
+        return (block, "depthwise") if len(stmt.iter_vars) == 8 else (None, None)
     if stmt.name_hint == NCHW_CONV:
         ok = len(stmt.iter_vars) == 7 and is_float and _nchw_lanes(int(stmt.iter_vars[1].dom.extent))
         return (block, "nchw") if ok else (None, None)
@@ -95,6 +100,9 @@ def schedule(sch, intrin: str | None = None) -> None:
     _inline_elementwise(sch, conv)
     if kind == "nchw":
         _schedule_nchw(sch, conv)
+        return
+    if kind == "depthwise":
+        _schedule_depthwise(sch, conv)
         return
     b_o, c_o, oh, ow, b_i, c_i, k_o, d_i, d_j, k_i = sch.get_loops(conv)
 
@@ -140,6 +148,28 @@ def schedule(sch, intrin: str | None = None) -> None:
 def _sample_unroll(sch) -> None:
     unroll = sch.sample_categorical(UNROLL_STEPS, probs=[0.25] * 4)
     sch.annotate(sch.get_sblock("root"), "meta_schedule.unroll_explicit", unroll)
+
+
+def _schedule_depthwise(sch, conv) -> None:
+    """A packed depthwise conv: each lane of the 16-channel block is its own channel, so the
+    nest is the same without the input-channel reduction (the taps kh x kw are the reduction,
+    a register tile of output pixels reuses nothing but the tap's weight vector)."""
+    b_o, c_o, oh, ow, b_i, c_i, d_i, d_j = sch.get_loops(conv)
+    oh_o, oh_i = sch.split(oh, sch.sample_perfect_tile(oh, n=2, max_innermost_factor=MAX_REG_H))
+    ow_o, ow_i = sch.split(ow, sch.sample_perfect_tile(ow, n=2, max_innermost_factor=MAX_REG_N))
+    sch.reorder(b_o, c_o, oh_o, ow_o, d_i, d_j, oh_i, ow_i, b_i, c_i)
+    sch.parallel(sch.fuse(b_o, c_o, oh_o))
+    sch.vectorize(c_i)
+    _schedule_producers(sch, conv)
+    for loop in (oh_i, ow_i):
+        sch.unroll(loop)
+    acc = sch.cache_write(conv, 0, "local")
+    sch.reverse_compute_at(acc, ow_o, preserve_unit_loops=True)
+    _fuse_epilogue(sch, acc)
+    init = sch.decompose_reduction(conv, d_i)
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.vectorize(sch.get_loops(acc)[-1])
+    _sample_unroll(sch)
 
 
 def _schedule_nchw(sch, conv) -> None:
@@ -225,15 +255,15 @@ def vector_registers(target: Any) -> tuple[int, int]:
 def tile_floats(sch) -> int:
     """Accumulators of the conv's register tile: the extents of the loops inside its
     reduction (oh_inner, ow_inner, oc_chunk_inner, batch lane, oc lane) multiplied."""
-    names = {PACKED_CONV + "_update", DOT_CONV + "_o_update", NCHW_CONV + "_update"}
+    names = {PACKED_CONV + "_update", DOT_CONV + "_o_update", NCHW_CONV + "_update", PACKED_DEPTHWISE + "_update"}
     conv = next(b for b in _blocks(sch) if sch.get(b).name_hint in names)
     loops = sch.get_loops(conv)
     n = 1
     if sch.get(conv).name_hint.startswith(DOT_CONV):
         n = 16  # the tensorized 16 output lanes are inside the blockized update
         loops = loops[-(TILE_LOOPS - 1):]
-    elif sch.get(conv).name_hint.startswith(NCHW_CONV):
-        loops = loops[-(TILE_LOOPS - 1):]  # no batch lane
+    elif sch.get(conv).name_hint.startswith((NCHW_CONV, PACKED_DEPTHWISE)):
+        loops = loops[-(TILE_LOOPS - 1):]  # NCHW: no batch lane; depthwise: no channel tile
     else:
         loops = loops[-TILE_LOOPS:]
     for loop in loops:
@@ -288,7 +318,7 @@ def space_generator(target: Any, kind: str) -> Any:
         ms.postproc.RewriteParallelVectorizeUnroll(),  # realizes the sampled unroll depth
         ms.postproc.RewriteReductionBlock(),
     ]
-    if kind != "dot":  # int8 weights already are in the layout the dot product reads
+    if kind in ("float", "nchw"):  # dot: weights already in the dot product's layout; depthwise: read once
         postprocs.append(ms.postproc.RewriteLayout())
     mutators = {ms.mutator.MutateTileSize(): 0.8, ms.mutator.MutateUnroll(): 0.2}
     return ms.space_generator.ScheduleFn(lambda sch: schedule(sch, intrin), sch_rules=[], postprocs=postprocs,
