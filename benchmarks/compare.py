@@ -353,6 +353,8 @@ def budget_to_reach(curve: list[list[float]], target_ms: float) -> str:
     if last >= half:
         return f"not reached by {n} trials/task, and the last doubling gained nothing"
     doublings = np.log(target_ms / last) / np.log(last / half)
+    if not np.isfinite(doublings) or doublings > 20:  # a gain too small to extrapolate from
+        return f"not reached by {n} trials/task, and the last doubling gained {100 * (1 - last / half):.1f}%"
     return (f"not reached by {n} trials/task; at the last doubling's rate ({100 * (1 - last / half):.0f}% less per "
             f"doubling) about {int(n * 2 ** doublings):,} trials/task (extrapolated)")
 
