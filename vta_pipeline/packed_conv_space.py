@@ -93,28 +93,9 @@ def conv_kind(workload: Any, target: Any) -> str | None:
     return kind
 
 
-def design_spaces(sch, intrin: str | None = None) -> list:
-    """The space's design spaces for a workload `conv_kind` accepted: the nest above, and for
-    packed convs also its weight-blocked form (`schedule(..., weight_blocked=True)`)."""
-    _, kind = _conv_block(sch)
-    if kind not in ("float", "dot"):
-        schedule(sch, intrin)
-        return [sch]
-    blocked = sch.copy()
-    schedule(sch, intrin)
-    schedule(blocked, intrin, weight_blocked=True)
-    return [sch, blocked]
-
-
-def schedule(sch, intrin: str | None = None, weight_blocked: bool = False) -> None:
+def schedule(sch, intrin: str | None = None) -> None:
     """Apply the space's schedule to `sch` (a workload `conv_kind` accepted), sampling its
-    knobs; `intrin`: the dot-product intrinsic for an int8 conv.
-
-    `weight_blocked`: the input channels split in two (a sampled knob), the outer part above
-    the output rows: each thread takes whole output-channel chunks and runs every output pixel
-    against one slab of weights before the next, so a deep layer's weights (resnet18's last
-    layers: 9.4 MB at 7x7 pixels) are read from memory once instead of once per row of the
-    parallel loop. The tile's accumulators then persist in a buffer of the chunk's outputs."""
+    knobs; `intrin`: the dot-product intrinsic for an int8 conv."""
     conv, kind = _conv_block(sch)
     _inline_elementwise(sch, conv)
     if kind == "nchw":
@@ -131,16 +112,11 @@ def schedule(sch, intrin: str | None = None, weight_blocked: bool = False) -> No
     c_o_o, c_o_i = sch.split(c_o, oc_split)
     oh_o, oh_i = sch.split(oh, h_split)
     ow_o, ow_i = sch.split(ow, w_split)
-    if weight_blocked:
-        k_o_o, k_o = sch.split(k_o, sch.sample_perfect_tile(k_o, n=2))
-        spatial = [b_o, c_o_o, k_o_o, oh_o, ow_o]
-    else:
-        spatial = [b_o, c_o_o, oh_o, ow_o]
     if kind == "float":
-        sch.reorder(*spatial, k_o, d_i, d_j, k_i, oh_i, ow_i, c_o_i, b_i, c_i)
+        sch.reorder(b_o, c_o_o, oh_o, ow_o, k_o, d_i, d_j, k_i, oh_i, ow_i, c_o_i, b_i, c_i)
     else:  # the dot product's 16 lanes x 4 reduction steps stay innermost, as one block
-        sch.reorder(*spatial, k_o, d_i, d_j, oh_i, ow_i, c_o_i, b_i, c_i, k_i)
-    outer = sch.fuse(b_o, c_o_o) if weight_blocked else sch.fuse(b_o, c_o_o, oh_o)
+        sch.reorder(b_o, c_o_o, oh_o, ow_o, k_o, d_i, d_j, oh_i, ow_i, c_o_i, b_i, c_i, k_i)
+    outer = sch.fuse(b_o, c_o_o, oh_o)
     sch.parallel(outer)
     if kind == "float":
         sch.vectorize(c_i)  # before the reduction is split up: TIR checks its dataflow here
@@ -153,16 +129,15 @@ def schedule(sch, intrin: str | None = None, weight_blocked: bool = False) -> No
     # accumulator is declared in global scope, so int8 tiles are, too (still a tile-sized
     # buffer: TIR compacts it to the tile).
     acc = sch.cache_write(conv, 0, "local" if kind == "float" else "global")
-    sch.reverse_compute_at(acc, outer if weight_blocked else ow_o, preserve_unit_loops=True)
+    sch.reverse_compute_at(acc, ow_o, preserve_unit_loops=True)
     _fuse_epilogue(sch, acc)
 
-    first_reduction = k_o_o if weight_blocked else k_o
     if kind == "float":
-        init = sch.decompose_reduction(conv, first_reduction)
+        init = sch.decompose_reduction(conv, k_o)
         sch.vectorize(sch.get_loops(init)[-1])
     else:
         dot = sch.blockize(c_i)
-        init = sch.decompose_reduction(dot, first_reduction)
+        init = sch.decompose_reduction(dot, k_o)
         (lanes,) = sch.get_child_blocks(init)  # the init of the 16 lanes, inside the blockized one
         sch.vectorize(sch.get_loops(lanes)[-1])
         sch.tensorize(dot, intrin)
@@ -346,5 +321,5 @@ def space_generator(target: Any, kind: str) -> Any:
     if kind in ("float", "nchw"):  # dot: weights already in the dot product's layout; depthwise: read once
         postprocs.append(ms.postproc.RewriteLayout())
     mutators = {ms.mutator.MutateTileSize(): 0.8, ms.mutator.MutateUnroll(): 0.2}
-    return ms.space_generator.ScheduleFn(lambda sch: design_spaces(sch, intrin), sch_rules=[], postprocs=postprocs,
+    return ms.space_generator.ScheduleFn(lambda sch: schedule(sch, intrin), sch_rules=[], postprocs=postprocs,
                                          mutator_probs=mutators)
