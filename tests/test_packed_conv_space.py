@@ -110,11 +110,13 @@ def test_the_space_applies_to_packed_convs_and_plain_ones_with_whole_vectors_of_
     # transforms) is not a conv
     assert sorted(k for k in kinds.values() if k) == ["depthwise"] + ["float"] * 4 + ["nchw"], kinds
     assert all("conv2d_packed" in name for name, k in kinds.items() if k == "float")
-    # a plain conv whose output channels fill no vector (12), or a GPU target: not this space
-    x = np.zeros((1, 3, 8, 8), "float32")
-    odd = lower_for_tuning(to_relax(randomize(nn.Sequential(nn.Conv2d(3, 12, 3)), 0), x))
-    (conv,) = [t for t in _tasks(odd, HERE) if "conv2d" in t.task_name]
-    assert packed_conv_space.conv_kind(conv.dispatched[0], target) is None
+    # a plain conv whose output channels fill no vector (12), a plain conv past the stem (16
+    # input channels: MetaSchedule's generic space), or a GPU target: not this space
+    for cin, cout in ((3, 12), (16, 16)):
+        x = np.zeros((1, cin, 8, 8), "float32")
+        plain = lower_for_tuning(to_relax(randomize(nn.Sequential(nn.Conv2d(cin, cout, 3)), 0), x))
+        (conv,) = [t for t in _tasks(plain, HERE) if "conv2d" in t.task_name]
+        assert packed_conv_space.conv_kind(conv.dispatched[0], target) is None, (cin, cout)
     stem = next(t for t in _tasks(lowered, HERE) if kinds[t.task_name] == "nchw")
     assert packed_conv_space.conv_kind(stem.dispatched[0], tvm.target.Target({"kind": "cuda"})) is None
 

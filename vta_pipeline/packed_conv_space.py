@@ -28,9 +28,9 @@ oc_lane]), once, at build time; int8 weights already are in the dot product's `O
 What it applies to (`conv_kind`), on CPU targets: a task whose one reduction block is a conv
 of graph pack: VTA's `conv2d_packed` compute in float32 (graph pack of a float network), the
 x86 layout's `conv2d_dot_packed` (uint8 x int8) on a CPU with a dot-product intrinsic, a
-packed depthwise conv (same nest, no channel reduction); or a plain NCHW float conv whose
-output channels fill whole vectors (the stem conv, layers outside the packed region: the same
-nest over 16 or 8 output lanes). Everything else keeps the spaces it had
+packed depthwise conv (same nest, no channel reduction); or a plain NCHW float stem conv (an
+image's few input channels, output channels filling whole vectors: the same nest over 16 or 8
+output lanes). Everything else keeps the spaces it had
 (`tuning.design_space`).
 """
 
@@ -52,12 +52,18 @@ SPARE_REGISTERS = {"float": 2, "nchw": 2, "depthwise": 2, "dot": 5}
 
 
 NCHW_CONV = "conv2d_nchw"  # TOPI's block for a plain (groups = 1) NCHW conv
+# Plain NCHW convs get this space only as a network's stem (an image's few channels: no pack
+# layout covers them). Deeper NCHW convs keep MetaSchedule's generic space: with this nest
+# their output stores scatter over 16 channel planes, and tinynet's 32->32 conv's candidates
+# then timed up to 2.2x apart between tuning and a quiet re-time (buffer placement), which
+# misleads the search (tests/test_measuring.py).
+MAX_STEM_CHANNELS = 4
 
 
 def _conv_block(sch) -> tuple[Any, str] | tuple[None, None]:
     """The workload's conv block and its kind, if it has exactly one this space schedules:
-    "float" (packed, float), "dot" (packed, uint8 x int8), "nchw" (plain NCHW, float, with
-    output channels in multiples of 8: the stem conv and the convs graph pack leaves out)."""
+    "float" (packed, float), "dot" (packed, uint8 x int8), "depthwise" (packed), "nchw" (a
+    plain NCHW float stem conv: at most 4 input channels, output channels in multiples of 8)."""
     found = [(b, sch.get(b)) for b in sch.get_child_blocks(sch.get_sblock("root"))
              if sch.get(b).name_hint in (PACKED_CONV, DOT_CONV, NCHW_CONV, PACKED_DEPTHWISE)]
     if len(found) != 1:
@@ -67,7 +73,8 @@ def _conv_block(sch) -> tuple[Any, str] | tuple[None, None]:
     if stmt.name_hint == PACKED_DEPTHWISE:  # any type: int8 products widen to int32 lanes
         return (block, "depthwise") if len(stmt.iter_vars) == 8 else (None, None)
     if stmt.name_hint == NCHW_CONV:
-        ok = len(stmt.iter_vars) == 7 and is_float and _nchw_lanes(int(stmt.iter_vars[1].dom.extent))
+        ok = (len(stmt.iter_vars) == 7 and is_float and int(stmt.iter_vars[4].dom.extent) <= MAX_STEM_CHANNELS
+              and _nchw_lanes(int(stmt.iter_vars[1].dom.extent)))
         return (block, "nchw") if ok else (None, None)
     if len(stmt.iter_vars) != 10:
         return None, None
