@@ -433,7 +433,8 @@ def bare_loop(store: Path, trials: int, threads: int, tracker: str, key: str,
     from vta_pipeline.ms_build import make_builder
     from vta_pipeline.store import ArtifactStore
     from vta_pipeline.targets import resolve_target
-    from vta_pipeline.tuning import BoardSpec, genetic_iters, population_size
+    from vta_pipeline.boards import BoardSpec
+    from vta_pipeline.tuning import genetic_iters, population_size
 
     st = ArtifactStore(store)
     extracted = st.find("extract")[0]

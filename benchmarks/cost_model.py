@@ -36,7 +36,7 @@ def tune_arm(model: str, source: str, cost: str, trials: int, batch: int, store_
     from vta_pipeline.extract import load_tasks, select_tasks
     from vta_pipeline.store import ArtifactStore
     from vta_pipeline.targets import resolve_target
-    from vta_pipeline.tuning import BoardSpec
+    from vta_pipeline.boards import BoardSpec
 
     store = ArtifactStore(store_dir)
     target = resolve_target("host")

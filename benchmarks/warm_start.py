@@ -25,7 +25,7 @@ from vta_pipeline.config import MeasureConfig, ModelConfig, TuneConfig  # noqa: 
 from vta_pipeline.extract import load_tasks  # noqa: E402
 from vta_pipeline.store import ArtifactStore  # noqa: E402
 from vta_pipeline.targets import resolve_target  # noqa: E402
-from vta_pipeline.tuning import BoardSpec  # noqa: E402
+from vta_pipeline.boards import BoardSpec  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results"
 

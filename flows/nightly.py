@@ -25,7 +25,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
 
-from flows.runners import with_task_runner
+from tasks.dask_runner import with_task_runner
 from flows.tune_network import tune_network
 from vta_pipeline.config import PipelineConfig, build_config
 from vta_pipeline.errors import ConfigError

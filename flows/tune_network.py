@@ -18,29 +18,28 @@ import logging
 import os
 import time
 from contextlib import ExitStack
-from pathlib import Path
 from typing import Any
 
 from prefect import flow
-from prefect.artifacts import (create_markdown_artifact, create_progress_artifact, create_table_artifact,
-                               update_progress_artifact)
 from prefect.futures import wait
 from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
 from prefect.states import Completed
 
 from tasks import crashed_runs
+from tasks.artifacts import TrialProgress, publish
 from tasks.common import results_dir, retry_settings
 from tasks.deploy import build, evaluate
 from tasks.history import record_history, regression_guard
 from tasks.model import extract_tasks, fetch_model, pack_model, quantize_model
 from tasks.tune import pick_best, tune_task
-from vta_pipeline import allocation, boards, history, report, steps, tuning
+from vta_pipeline import boards, history, report, steps
 from vta_pipeline.config import PipelineConfig, parse_hostport
 from vta_pipeline.extract import load_tasks, select_tasks
 from vta_pipeline.importers import check_model
 from vta_pipeline.store import ArtifactStore, CachePolicy
 from vta_pipeline.targets import resolve_target
+from vta_pipeline.tuning_rounds import TuningRounds
 
 # Prefect forwards the loggers named in PREFECT_LOGGING_EXTRA_LOGGERS to the run's logs (the
 # deployment names "vta_pipeline,tvm", the CLI "vta_pipeline"), but only records at or above
@@ -136,47 +135,26 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
         if stop_after == "extract":
             return {"tasks": [t.to_dict() for t in tasks]}
 
-        # Fan out one task run per tuning task, at most one per board in flight; a task
-        # alone measures on several boards at once when there are more boards than tasks.
-        in_flight = max(1, min(n_boards, len(tasks)))
+        # One task run per tuning task, at most one per board in flight (tuning_rounds); a
+        # task alone measures on several boards at once when there are more boards than tasks.
+        rounds = TuningRounds(tasks, cfg.tune.trials_per_task, cfg.tune.allocation, in_flight=n_boards)
         board = {"tracker_host": host, "tracker_port": port, "key": key,
-                 "num_boards": max(1, n_boards // in_flight), "threads": board_threads}
+                 "num_boards": max(1, n_boards // rounds.in_flight), "threads": board_threads}
         work_dirs = {t.name: steps.tune_work_dir(store, t, target, key, cfg.tune.session) for t in tasks}
-        latency_steered = cfg.tune.allocation == "latency"
-        first = allocation.first_round(cfg.tune.trials_per_task) if latency_steered else cfg.tune.trials_per_task
-        budgets = {t.name: first for t in tasks}  # the progress bar and fan_out read the same dict
-        trials = _TrialProgress(work_dirs, budgets, cfg.tune.trials_per_task * len(tasks),
+        trials = TrialProgress(work_dirs, rounds.budgets, cfg.tune.trials_per_task * len(tasks),
                                 f"tuning trials of {cfg.model.display_name}")
 
-        def fan_out(todo: list) -> dict[str, Any]:
-            futures, pending, running = {}, list(todo), []
-            while pending or running:
-                while pending and len(running) < in_flight:
-                    t = pending.pop(0)
-                    tune_cfg = cfg.tune.model_copy(update={"trials_per_task": budgets[t.name]})
-                    f = futures[t.name] = tune_task_.submit(
-                        root, extracted, t.to_dict(), tspec, board,
-                        tune_cfg.model_dump(mode="json"), cfg.measure.model_dump(mode="json"), cache,
-                    )
-                    running.append(f)
-                running = list(wait(running, timeout=_POLL_S).not_done)
-                trials.update()
-            return {name: f.result() for name, f in futures.items()}
+        def submit(t, budget: int):
+            tune_cfg = cfg.tune.model_copy(update={"trials_per_task": budget})
+            return tune_task_.submit(root, extracted, t.to_dict(), tspec, board, tune_cfg.model_dump(mode="json"),
+                                     cfg.measure.model_dump(mode="json"), cache)
 
-        refs = fan_out(tasks)
-        first_refs = dict(refs)
-        if latency_steered:  # the rest of the budget to where the network's time goes
-            spends = []
-            for t in tasks:
-                s = _summary(store, refs[t.name])
-                spends.append(allocation.TaskSpend(t.name, t.weight,
-                                                   allocation.used_ms(s["best_latency_ms"], s.get("default_ms")),
-                                                   searchable=s.get("stopped", "budget") == "budget"))
-            budgets.update(allocation.allocate(spends, cfg.tune.trials_per_task))
-            more = [t for t in tasks if budgets[t.name] > first]
+        refs = rounds.run(submit, lambda running, timeout: wait(running, timeout=timeout).not_done,
+                          lambda ref: _summary(store, ref), on_poll=trials.update)
+        first_refs = rounds.first_refs
+        if rounds.steered:
             logger.info("second round: %d more trial(s) over %d task(s), by their share of the network's latency",
-                        sum(budgets.values()) - first * len(tasks), len(more))
-            refs.update(fan_out(more))
+                        rounds.second_round_trials, len(rounds.second_round))
         tuned = [refs[t.name] for t in tasks]
         trials.update(final=True)
         best = pick_best_(root, tuned, tspec, cache)
@@ -216,7 +194,7 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
     result["history"] = record_history(
         root, result, [str(store.root / "steps" / "tune" / ref["key"]) for ref in tuned])
     report.save_result(store, result)
-    _publish(result, store.root)
+    publish(result, store.root)
     logger.info("%s: untuned %.3f ms, tuned %.3f ms (%.2fx), output check %s; tables in the run's artifacts",
                 result["model"], result["untuned"]["mean_ms"], result["tuned"]["mean_ms"], result["speedup"],
                 "passed" if result["tuned"]["correct"] else "FAILED")
@@ -231,44 +209,6 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
     return result
 
 
-_POLL_S = 2.0
-
 
 def _summary(store: ArtifactStore, ref: dict[str, str]) -> dict[str, Any]:
     return json.loads((store.root / "steps" / "tune" / ref["key"] / "summary.json").read_text())
-
-
-class _TrialProgress:
-    """The run's progress artifact: valid trials over all tuning tasks, read off their trial
-    logs in the store (so it also counts tasks that run in other processes, e.g. Dask workers),
-    each counted up to its current budget, over the network's budget."""
-
-    def __init__(self, work_dirs: dict[str, Path], budgets: dict[str, int], total: int, description: str):
-        self.work_dirs, self.budgets = work_dirs, budgets
-        self.total = max(1, total)
-        self.id = create_progress_artifact(progress=0.0, key="tuning-progress", description=description)
-        self.last = -1.0
-
-    def update(self, final: bool = False) -> None:
-        done = 0
-        for name, d in self.work_dirs.items():
-            valid = sum(r.get("latency_ms") is not None for r in tuning.read_trials(d))
-            done += min(valid, self.budgets.get(name, 0))
-        pct = 100.0 if final else min(100.0, round(100.0 * done / self.total, 1))
-        if pct != self.last:
-            update_progress_artifact(self.id, pct)
-            self.last = pct
-
-
-def _publish(result: dict[str, Any], store_root: Path) -> None:
-    """Result tables and the report with its plots as Prefect artifacts (the UI's Artifacts
-    tab); the plots are also written next to the run's result in the store."""
-    rows = [dict(zip(report.LATENCY_HEADER, r)) for r in report.latency_rows(result)]
-    create_table_artifact(rows, key="latency", description=f"untuned vs tuned latency of {result['model']}")
-    create_table_artifact(
-        [dict(zip(report.RECIPE_HEADER, r)) for r in report.recipe_rows(result)],
-        key="tuning-tasks",
-        description="per-task tuning results: best latency, GFLOPS, trials, best GFLOPS so far",
-    )
-    create_markdown_artifact(report.markdown(result, store_root), key="evaluation",
-                             description=f"{result['model']}: untuned vs tuned, output check, plots")

@@ -12,7 +12,7 @@ from vta_pipeline import steps
 from vta_pipeline.config import MeasureConfig, TuneConfig
 from vta_pipeline.extract import TaskInfo
 from vta_pipeline.targets import resolve_target
-from vta_pipeline.tuning import BoardSpec
+from vta_pipeline.boards import BoardSpec
 
 from .common import RESULTS, current_id, RETRY, artifact, open_store, store_cache_key
 

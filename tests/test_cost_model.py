@@ -10,7 +10,9 @@ import pytest
 from vta_pipeline import cost_model
 from vta_pipeline.config import MeasureConfig, TuneConfig
 from vta_pipeline.extract import load_tasks
-from vta_pipeline.tuning import BoardSpec, read_trials, task_work_dir, tune_task
+from vta_pipeline.boards import BoardSpec
+from vta_pipeline.trial_log import read_trials, task_work_dir
+from vta_pipeline.tuning import tune_task
 
 MEASURE = MeasureConfig(number=2, repeat=1, timeout_s=60)
 

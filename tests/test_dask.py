@@ -2,7 +2,7 @@
 
 The cluster is started the way a user starts one (`dask scheduler`, `dask worker ADDRESS`,
 here as `python -m distributed.cli.*` of this venv, each in its own process group, from
-the repo root) and the real flow runs against it through `flows.runners.with_task_runner`.
+the repo root) and the real flow runs against it through `tasks.dask_runner.with_task_runner`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.runners import (
+from tasks.dask_runner import (
     DaskSetupError,
     check_cluster,
     check_scheduler,

@@ -22,13 +22,14 @@ import psutil
 import pytest
 
 from vta_pipeline import steps
-from vta_pipeline.boards import LocalBoard, count_servers, health_check
+from vta_pipeline.boards import BoardSpec, LocalBoard, count_servers, health_check
 from vta_pipeline.config import MeasureConfig, ModelConfig, TuneConfig, build_config
 from vta_pipeline.errors import BoardError
 from vta_pipeline.extract import load_tasks
 from vta_pipeline.store import ArtifactStore
-from vta_pipeline.tuning import (BoardSpec, TuningAborted, read_trials, repair_database, task_work_dir,
-                                 tune_task)
+from vta_pipeline.task_database import repair_database
+from vta_pipeline.trial_log import read_trials, task_work_dir
+from vta_pipeline.tuning import TuningAborted, tune_task
 
 pytestmark = pytest.mark.slow
 FAST = MeasureConfig(number=2, timeout_s=5)

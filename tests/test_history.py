@@ -9,7 +9,8 @@ import pytest
 from vta_pipeline import guard, history, steps
 from vta_pipeline.config import MeasureConfig, TuneConfig
 from vta_pipeline.extract import load_tasks
-from vta_pipeline.tuning import BoardSpec, read_trials
+from vta_pipeline.boards import BoardSpec
+from vta_pipeline.trial_log import read_trials
 
 MEASURE = MeasureConfig(number=2, repeat=1, timeout_s=60)
 

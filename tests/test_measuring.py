@@ -17,7 +17,9 @@ from vta_pipeline.config import EvalConfig, MeasureConfig, TuneConfig
 from vta_pipeline.evaluate import MIN_REPEAT, evaluate_on_board, plan_timing
 from vta_pipeline.extract import load_tasks
 from vta_pipeline.ms_build import fast_build
-from vta_pipeline.tuning import BoardSpec, read_trials, task_work_dir, tune_task
+from vta_pipeline.boards import BoardSpec
+from vta_pipeline.trial_log import read_trials, task_work_dir
+from vta_pipeline.tuning import tune_task
 
 
 def test_timing_plan_runs_a_fast_build_long_enough_and_a_slow_one_within_budget():

@@ -12,7 +12,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from vta_pipeline import pools
 from vta_pipeline.config import MeasureConfig
-from vta_pipeline.tuning import BoardSpec
+from vta_pipeline.boards import BoardSpec
 
 MEASURE = MeasureConfig(number=2, repeat=1, timeout_s=60)
 

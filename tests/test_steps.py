@@ -6,7 +6,7 @@ from vta_pipeline import steps
 from vta_pipeline.config import EvalConfig, MeasureConfig, ModelConfig, TuneConfig
 from vta_pipeline.errors import BoardError
 from vta_pipeline.extract import load_tasks
-from vta_pipeline.tuning import BoardSpec
+from vta_pipeline.boards import BoardSpec
 
 
 @pytest.fixture(scope="module")

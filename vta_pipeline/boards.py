@@ -25,6 +25,17 @@ from .errors import BoardError
 from .liveness import alive, identity
 
 
+@dataclass
+class BoardSpec:
+    """Where a task measures: the boards under `key` at a tracker, as tuning and the pools see them."""
+
+    tracker_host: str
+    tracker_port: int
+    key: str
+    num_boards: int = 1
+    threads: int | None = None  # what the key's boards reported (the flow reads it once per run)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .config import MeasureConfig
-    from .tuning import BoardSpec
+    from .boards import BoardSpec
 
 BUILDS_PER_WORKER = 64
 IDLE_KEPT = 2

@@ -22,7 +22,8 @@ from . import importers
 from . import pack as pack_mod
 from . import quantize as quantize_mod
 from . import records as records_mod
-from . import tuning, workload_keys
+from . import trial_log, tuning, workload_keys
+from .boards import BoardSpec
 from .config import EvalConfig, MeasureConfig, ModelConfig, PackConfig, PipelineConfig, QuantizeConfig, TuneConfig
 from .errors import ConfigError
 from .vta_config import VTAConfig
@@ -177,7 +178,7 @@ def tune_work_dir(store: ArtifactStore, task: extract_mod.TaskInfo, target: Reso
 
     Work dirs of a store written before workloads had structural keys are moved first."""
     workload_keys.migrate(store.root / "work")
-    return tuning.task_work_dir(store.root / "work", f"{target.id}-{board_key}", task.workload_hash, session)
+    return trial_log.task_work_dir(store.root / "work", f"{target.id}-{board_key}", task.workload_hash, session)
 
 
 def tune_step(
@@ -185,7 +186,7 @@ def tune_step(
     extracted: Artifact,
     task: extract_mod.TaskInfo,
     target: ResolvedTarget,
-    board: tuning.BoardSpec,
+    board: BoardSpec,
     tune: TuneConfig,
     measure: MeasureConfig,
     progress: Callable[[dict[str, Any]], None] | None = None,

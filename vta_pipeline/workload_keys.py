@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .store import atomic_write_text
+from .trial_log import read_trials
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +104,6 @@ def migrate(store_work: Path) -> list[dict[str, Any]]:
 
 
 def _move(src: Path, dst: Path, tune: Path) -> dict[str, Any]:
-    from .tuning import read_trials  # here: tuning imports this module
-
     rows = read_trials(src)
     old, _ = _split(src.name)
     if not dst.exists():
@@ -162,7 +161,7 @@ def _merge_database(src: Path, dst: Path) -> None:
             idx, _ = json.loads(ln)
             lines.append(f"[{remap[idx]},{ln.split(',', 1)[1]}")  # the record's own text, not re-encoded
         except (ValueError, KeyError, TypeError, IndexError):
-            continue  # corrupted: tuning.repair_database had set such lines aside already
+            continue  # corrupted: task_database.repair_database had set such lines aside already
     if lines:
         with open(dst / "database_tuning_record.json", "a") as f:
             f.write("".join(ln + "\n" for ln in lines))

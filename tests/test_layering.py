@@ -1,0 +1,65 @@
+"""The library is layered: no import circle among `vta_pipeline`'s modules, and none of them
+(the command line aside) imports Prefect or the Prefect-facing packages (`tasks`, `flows`).
+
+Imports are read from the source (every `import`, at module level, inside functions and
+under TYPE_CHECKING alike), so a lazy import cannot hide a circle."""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "vta_pipeline"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module `path` imports, absolute names."""
+    me = _module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                mod = f"{base}.{node.module}" if node.module else base
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            out |= {f"{mod}.{a.name}" for a in node.names}  # `from . import tuning` names a module
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    """module -> the library modules it imports (a package's import of its own parent excluded)."""
+    modules = {_module_name(p): p for p in PKG.rglob("*.py")}
+    return {name: {d for d in _imports(path) if d in modules and d != name and not name.startswith(d + ".")}
+            for name, path in modules.items()}
+
+
+def test_no_module_of_the_library_imports_itself_back_through_another():
+    try:
+        order = list(graphlib.TopologicalSorter(_graph()).static_order())
+    except graphlib.CycleError as e:
+        pytest.fail("an import circle in vta_pipeline: " + " -> ".join(e.args[1]))
+    assert "vta_pipeline.tuning" in order  # the graph was read at all
+
+
+# The command line is an edge like tasks/ and flows/: `run` starts the Prefect flow.
+LIBRARY = sorted(p for p in PKG.rglob("*.py") if "cli" not in p.relative_to(PKG).parts)
+
+
+@pytest.mark.parametrize("path", LIBRARY, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_library_stays_usable_without_prefect(path):
+    banned = {d for d in _imports(path) if d.split(".")[0] in ("prefect", "prefect_dask", "tasks", "flows")}
+    assert not banned, f"{path.relative_to(ROOT)} imports {sorted(banned)}: keep Prefect at the edges (tasks/, flows/)"

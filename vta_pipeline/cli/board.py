@@ -1,0 +1,66 @@
+"""`vta-pipeline board up | status | down`: a local board, an RPC tracker and rpc_server
+processes on this machine, started in the background and recorded in BOARD_STATE
+($VTA_PIPELINE_BOARD_STATE, default ~/.vta-pipeline/board.json) for `status` and `down`."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from vta_pipeline.cli.common import _fail, _guard
+from vta_pipeline.cli.options import TrackerOpt
+
+board_app = typer.Typer(no_args_is_help=True, help="A local board: RPC tracker + rpc_server processes on 127.0.0.1.")
+
+BOARD_STATE = Path(os.environ.get("VTA_PIPELINE_BOARD_STATE", "~/.vta-pipeline/board.json")).expanduser()
+
+
+@board_app.command("up")
+def board_up(
+    key: Annotated[str, typer.Option(help="Key the servers register under.")] = "host",
+    servers: Annotated[int, typer.Option(
+        help="Number of rpc_server processes (more than 1 time candidates against each other on these cores).")] = 1,
+    threads: Annotated[Optional[int], typer.Option(
+        help="Threads each server runs kernels with (TVM_NUM_THREADS; default: this machine's logical CPUs).")] = None,
+    port: Annotated[int, typer.Option(help="Tracker port.")] = 9190,
+    host: Annotated[str, typer.Option(help="Bind address (keep 127.0.0.1 unless boards are remote).")] = "127.0.0.1",
+):
+    """Start a tracker and N servers in the background; `board down` stops them."""
+    from vta_pipeline.boards import LocalBoard
+
+    if BOARD_STATE.exists():
+        _fail(f"a local board is already recorded in {BOARD_STATE}: run `vta-pipeline board down` first")
+    b = _guard(lambda: LocalBoard(key=key, num_servers=servers, host=host, port=port, state_file=BOARD_STATE,
+                                  detached=True, threads=threads).start())
+    typer.echo(f"tracker {b.tracker}, {servers} server(s) under key {key!r}, {b.threads} thread(s) each; "
+               f"use --tracker {b.tracker} --key {key}")
+
+
+@board_app.command("status")
+def board_status(tracker: TrackerOpt = None):
+    """Show the tracker's servers and queue (like tvm.exec.query_rpc_tracker)."""
+    from vta_pipeline.boards import format_summary, tracker_summary
+    from vta_pipeline.config import parse_hostport
+
+    if tracker is None:
+        if not BOARD_STATE.exists():
+            _fail("no local board is running and no --tracker was given")
+        tracker = json.loads(BOARD_STATE.read_text())["tracker"]
+    try:
+        addr = parse_hostport(tracker)
+    except ValueError as e:
+        _fail(str(e))
+    typer.echo(_guard(lambda: format_summary(tracker_summary(*addr))))
+
+
+@board_app.command("down")
+def board_down():
+    """Stop the local board started by `board up`."""
+    from vta_pipeline.boards import stop_from_state
+
+    state = stop_from_state(BOARD_STATE)
+    typer.echo("no local board was running" if state is None else f"stopped the board at {state['tracker']}")

@@ -1,0 +1,70 @@
+"""Helpers the commands share: user errors as one line and exit status 2, and the flags that
+several commands take turned into config overrides."""
+
+from __future__ import annotations
+
+import typer
+
+from vta_pipeline.errors import UserError
+
+
+def _fail(msg: str) -> None:
+    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+def _shape(s: str | None):
+    if s is None:
+        return None
+    try:
+        return [int(x) for x in s.replace("x", ",").split(",")]
+    except ValueError:
+        _fail(f"--input-shape {s!r} is not N,C,H,W (e.g. 1,3,224,224)")
+
+
+def _model_overrides(model, source, onnx_path, input_shape) -> dict:
+    """The model options shared by `run` and `tasks`, as config overrides."""
+    return {"model.name": model, "model.source": source, "model.path": onnx_path and str(onnx_path),
+            "model.input_shape": _shape(input_shape)}
+
+
+def _int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode, calibration_data,
+                    pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx, bfactor, cfactor,
+                    pack_layout=None) -> dict:
+    """The quantize / pack options shared by `run`, `tasks` and `pack-points`, as overrides.
+    `--vta` turns both on (an explicit --no-quantize/--no-pack still wins)."""
+    skip = None
+    if skip_conv_layers is not None:
+        try:
+            skip = [int(i) for i in skip_conv_layers.split(",") if i.strip()]
+        except ValueError:
+            _fail(f"--skip-conv-layers {skip_conv_layers!r} is not a comma-separated list of conv indices")
+    out = {
+        "quantize.enabled": quantize if quantize is not None else (True if vta else None),
+        "quantize.global_scale": global_scale, "quantize.skip_conv_layers": skip,
+        "quantize.calibrate_mode": calibrate_mode, "quantize.calibration_data": calibration_data and str(calibration_data),
+        "pack.enabled": pack if pack is not None else (True if vta else None),
+        "pack.start_name": pack_start, "pack.stop_name": pack_stop,
+        "pack.start_name_idx": pack_start_idx, "pack.stop_name_idx": pack_stop_idx,
+        "pack.bfactor": bfactor, "pack.cfactor": cfactor, "pack.layout": pack_layout,
+    }
+    if vta_config is not None:
+        from vta_pipeline.vta_config import VTAConfig
+
+        out["vta"] = _guard(lambda: VTAConfig.load(vta_config)).model_dump()
+    return out
+
+
+def _config(config, overrides):
+    from vta_pipeline.config import build_config, load_config_file
+
+    file_values = load_config_file(config) if config else None
+    return build_config(file_values, overrides, source=str(config) if config else "")
+
+
+def _guard(fn):
+    """Run fn, turning user errors into one line and exit status 2."""
+    try:
+        return fn()
+    except UserError as e:
+        _fail(str(e))

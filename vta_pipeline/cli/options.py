@@ -1,0 +1,38 @@
+"""The option types the commands share: one `Annotated[...]` per flag, so that a flag has the same
+name and help text in every command that takes it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="JSON/TOML file with the same fields as the flags.")]
+ModelOpt = Annotated[Optional[str], typer.Option("--model", help="Model name (default: built-in tinynet).")]
+SourceOpt = Annotated[Optional[str], typer.Option("--source", help="builtin | torchvision | gluon | onnx")]
+OnnxOpt = Annotated[Optional[Path], typer.Option("--onnx-path", help="The .onnx file (source onnx).")]
+ShapeOpt = Annotated[Optional[str], typer.Option("--input-shape", help="N,C,H,W (default by model).")]
+TargetOpt = Annotated[Optional[str], typer.Option("--target", help="Preset name or TVM target JSON (default: host).")]
+TrackerOpt = Annotated[Optional[str], typer.Option("--tracker", help="HOST:PORT of an RPC tracker (default: local board).")]
+KeyOpt = Annotated[Optional[str], typer.Option("--key", help="Board key under the tracker.")]
+StoreOpt = Annotated[Optional[Path], typer.Option("--store", help="Artifact store directory.")]
+# the int8 VTA path: quantize + graph pack
+VtaOpt = Annotated[bool, typer.Option("--vta", help="Quantize + pack with the recipe's defaults; tune the packed convs.")]
+VtaConfigOpt = Annotated[Optional[Path], typer.Option("--vta-config", help="VTA's vta_config.json (block sizes).")]
+QuantizeOpt = Annotated[Optional[bool], typer.Option("--quantize/--no-quantize", help="int8 quantization.")]
+GlobalScaleOpt = Annotated[Optional[float], typer.Option(help="Activation bound (power of two).")]
+SkipConvOpt = Annotated[Optional[str], typer.Option(help="conv2d indices kept float, e.g. 0 or 0,5 ('' = none).")]
+CalibModeOpt = Annotated[Optional[str], typer.Option(help="global_scale | max | percentile")]
+CalibDataOpt = Annotated[Optional[Path], typer.Option(help=".npy/.npz calibration inputs (B,C,H,W).")]
+PackOpt = Annotated[Optional[bool], typer.Option("--pack/--no-pack", help="VTA graph pack.")]
+PackStartOpt = Annotated[Optional[str], typer.Option(help="Operator packing starts after (nn.max_pool2d).")]
+PackStopOpt = Annotated[Optional[str], typer.Option(help="Operator packing stops before (nn.global_avg_pool2d).")]
+PackStartIdxOpt = Annotated[Optional[int], typer.Option(help="Which occurrence of --pack-start (0 = first).")]
+PackStopIdxOpt = Annotated[Optional[int], typer.Option(help="Which occurrence of --pack-stop.")]
+BfactorOpt = Annotated[Optional[int], typer.Option(help="Batch block (default: VTA BATCH).")]
+CfactorOpt = Annotated[Optional[int], typer.Option(help="Channel block (default: VTA BLOCK_OUT).")]
+PackLayoutOpt = Annotated[Optional[str], typer.Option(
+    help="Packed weights: vta (OIHW16o16i, VTA's) | x86 (OIHW16o4i + uint8 activations: the CPU's int8 dot product).")]
+# the history sub-commands' --json
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON rows instead of a table.")]

@@ -1,0 +1,98 @@
+"""A tuning task's own record on disk: its append-only trial log and its explicit state.
+
+Every task has a work dir in the store (`work/tune/<target-id>/<workload-hash>[@session]/`).
+Beside MetaSchedule's JSON database it holds what is ours, in the spirit of lorien's job
+log: `trials.jsonl`, one line per measurement in the order it was taken (latency or error,
+the board's message, the schedule hash, the replayable record of every valid one), and
+`state.json`, what the task is doing (tuning, finished, failed) and with which budget. A
+restarted run reads both to know exactly what is done; a line torn by a kill is skipped.
+
+This module knows files and numbers only (no TVM): the flow's progress bar, the history
+and the workload-key migration read the same log without importing the tuner.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from .store import atomic_write_text
+
+FAILED = 1e10  # what MetaSchedule stores as the latency (s) of a failed measurement
+
+
+def task_work_dir(store_work: Path, target_id: str, workload_hash: str, session: str | None = None) -> Path:
+    """The work dir of one workload on one target (and one session, when sessions are kept apart)."""
+    d = Path(store_work) / "tune" / target_id / (workload_hash if session is None else f"{workload_hash}@{session}")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def read_trials(work_dir: Path) -> list[dict[str, Any]]:
+    """Every measurement of the task, in measurement order."""
+    p = Path(work_dir) / "trials.jsonl"
+    out = []
+    if p.exists():
+        for line in p.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # a line torn by a kill
+    return out
+
+
+def append_trials(work_dir: Path, rows: list[dict[str, Any]]) -> None:
+    """Append one measured batch (flushed: a kill after this loses nothing of it)."""
+    with open(Path(work_dir) / "trials.jsonl", "a") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+        f.flush()
+
+
+def write_state(work_dir: Path, **state: Any) -> None:
+    atomic_write_text(Path(work_dir) / "state.json", json.dumps(dict(state, updated=time.time()), indent=1))
+
+
+def read_state(work_dir: Path) -> dict[str, Any]:
+    p = Path(work_dir) / "state.json"
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def mean_secs(run_secs) -> float:
+    """The mean of a measurement's repeats (TVM FloatImms or floats), FAILED when there are none."""
+    vals = [float(getattr(s, "value", s)) for s in (run_secs or [])]
+    return sum(vals) / len(vals) if vals else FAILED
+
+
+def history(work_dir: Path) -> tuple[list[float], float, int]:
+    """Latencies (s) in measurement order (FAILED for errors), the best, and trials since the best.
+
+    Read from the trial log: MetaSchedule's database returns records sorted by latency, not
+    in the order they were measured, and keeps no failures."""
+    lats = [r["latency_ms"] / 1e3 if r.get("latency_ms") is not None else FAILED for r in read_trials(work_dir)]
+    best, since = FAILED, 0
+    for v in lats:
+        if v < best:
+            best, since = v, 0
+        else:
+            since += 1
+    return lats, best, since
+
+
+def last_threads(work_dir: Path) -> int | None:
+    """The thread count of the task's latest measurement that recorded one."""
+    for row in reversed(read_trials(work_dir)):
+        if row.get("threads"):
+            return int(row["threads"])
+    return None
+
+
+def read_default_ms(work_dir: Path) -> float | None:
+    """The task's default (untuned) lowering as measured on the board, once per work dir."""
+    p = Path(work_dir) / "default.json"
+    if not p.exists():
+        return None
+    secs = json.loads(p.read_text()).get("seconds")
+    return secs * 1e3 if secs is not None else None

@@ -1,0 +1,94 @@
+"""How a network's tuning tasks are scheduled: a window of tasks in flight, and the budget in
+one round (flat) or two (latency-steered).
+
+The caller supplies the execution: `submit(task, budget)` starts one task's tuning and
+returns a future (Prefect's `task.submit`, a `concurrent.futures` executor, ...) whose
+`result()` is the task's outcome reference, and `wait(futures, timeout)` returns those
+not done yet. Keeping that out of here is what lets the flow stay a thin Prefect layer and
+lets this logic be tested without Prefect.
+
+* The window: at most `in_flight` tasks run at once (one per board: each measures on its
+  own board, and a task alone on a rack measures on several), in the order given.
+* Flat: every task gets `trials_per_task`.
+* Latency-steered (`allocation.py`): every task first gets `allocation.first_round`
+  trials; the rest of the network's budget then goes where the network's time goes, by
+  each task's share of its latency after the first round, and only the tasks given more
+  run again (continuing from their records).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from . import allocation
+
+POLL_S = 2.0  # how often a waiting window looks at its futures (and the progress is refreshed)
+
+
+class Future(Protocol):
+    def result(self) -> Any: ...
+
+
+class Task(Protocol):
+    name: str
+    weight: int
+
+
+class TuningRounds:
+    """One network's tuning: `budgets` (task name -> trials) is live, so that a progress bar
+    can read it while the rounds run; `first_refs` keeps each task's first-round outcome."""
+
+    def __init__(self, tasks: Sequence[Task], trials_per_task: int, steer: str = "flat", in_flight: int = 1):
+        if steer not in ("flat", "latency"):
+            raise ValueError(f"allocation {steer!r}: use 'flat' or 'latency'")
+        self.tasks = list(tasks)
+        self.trials_per_task = trials_per_task
+        self.steered = steer == "latency"
+        self.in_flight = max(1, min(in_flight, len(self.tasks) or 1))
+        first = allocation.first_round(trials_per_task) if self.steered else trials_per_task
+        self.budgets: dict[str, int] = {t.name: first for t in self.tasks}
+        self.first_refs: dict[str, Any] = {}
+        self.second_round: list[str] = []
+
+    def run(self, submit: Callable[[Task, int], Future], wait: Callable[[list[Future], float], list[Future]],
+            summary: Callable[[Any], dict[str, Any]], on_poll: Callable[[], None] = lambda: None,
+            poll_s: float = POLL_S) -> dict[str, Any]:
+        """Tune every task to its budget; returns task name -> its last outcome reference.
+
+        `summary(ref)` reads a finished task's summary (best_latency_ms, default_ms, stopped):
+        the second round is steered by it."""
+        refs = self._window(self.tasks, submit, wait, on_poll, poll_s)
+        self.first_refs = dict(refs)
+        if self.steered:
+            first = allocation.first_round(self.trials_per_task)
+            spends = []
+            for t in self.tasks:
+                s = summary(refs[t.name])
+                spends.append(allocation.TaskSpend(t.name, t.weight,
+                                                   allocation.used_ms(s["best_latency_ms"], s.get("default_ms")),
+                                                   searchable=s.get("stopped", "budget") == "budget"))
+            self.budgets.update(allocation.allocate(spends, self.trials_per_task))
+            more = [t for t in self.tasks if self.budgets[t.name] > first]
+            self.second_round = [t.name for t in more]
+            refs.update(self._window(more, submit, wait, on_poll, poll_s))
+        return refs
+
+    @property
+    def second_round_trials(self) -> int:
+        """Trials the second round added over the first (0 when flat)."""
+        if not self.steered:
+            return 0
+        return sum(self.budgets.values()) - allocation.first_round(self.trials_per_task) * len(self.tasks)
+
+    def _window(self, todo: Sequence[Task], submit, wait, on_poll, poll_s: float) -> dict[str, Any]:
+        futures: dict[str, Future] = {}
+        pending, running = list(todo), []
+        while pending or running:
+            while pending and len(running) < self.in_flight:
+                t = pending.pop(0)
+                f = futures[t.name] = submit(t, self.budgets[t.name])
+                running.append(f)
+            running = list(wait(running, poll_s))
+            on_poll()
+        return {name: f.result() for name, f in futures.items()}
