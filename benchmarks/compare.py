@@ -16,7 +16,7 @@ the goals of issue 6 checked against the numbers, and the tuning cost: trials pe
 of the pipeline vs a bare MetaSchedule `tune_tasks` loop over the same tasks and budget
 (the orchestration overhead), and the pipeline's throughput with one vs two local boards.
 
-    uv run python benchmarks/compare.py                          # the README's table (budgets there)
+    uv run python benchmarks/compare.py                          # benchmarks/README.md's table (budgets there)
     uv run python benchmarks/compare.py --models resnet18 --trials 8,32 --skip-overhead   # a curve
 
 `--trials 8,32` tunes to 8 trials per task, builds and measures, then tunes on to 32 (from

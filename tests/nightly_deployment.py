@@ -1,4 +1,4 @@
-"""The nightly deployment set up as the README says, run once per test session.
+"""The nightly deployment set up as docs/nightly-operations.md says, run once per test session.
 
 `prefect work-pool create` (process pool), `prefect deploy` of deployments/prefect.yaml from
 the repository root, `prefect deployment run` with a tiny budget (a run triggered by hand),

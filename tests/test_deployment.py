@@ -1,4 +1,4 @@
-"""The nightly deployment as the README sets it up: a real Prefect server, a process work
+"""The nightly deployment as docs/nightly-operations.md sets it up: a real Prefect server, a process work
 pool, `prefect deploy` of deployments/prefect.yaml, a run triggered by hand, a real worker
 (the run itself: tests/nightly_deployment.py, shared with the UI test)."""
 
