@@ -2,7 +2,7 @@
 
 Slow: each imports a full-size network (random weights) and runs the numpy integer
 emulation of it. The full tune/build/evaluate runs of these networks are documented in
-the README (they take tens of minutes here); the DAG test below tunes tinynet --vta.
+docs/int8-and-vta.md (they take tens of minutes here); the DAG test below tunes tinynet --vta.
 """
 
 from __future__ import annotations
