@@ -178,10 +178,11 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
         _warm_start(work_dir, task_name, workload_mod, seeds, previous_best_ms, seed_hashes)
     stopped = _search(work_dir, task_name, workload_mod, target, board, tune, measure, progress, cross_compiler)
     threads = _measure_after_search(work_dir, task_name, workload_mod, target, board, measure, tune, cross_compiler)
-    write_state(work_dir, status="finished", task=task_name, budget=tune.trials_per_task,
-                done=len(read_trials(work_dir)), stopped=stopped)
-    return _outcome(work_dir, task_name, workload_hash, flops, stopped, trials_before, tune.session,
-                    previous_best_ms, threads)
+    lats, session_best, _ = history(work_dir)
+    write_state(work_dir, status="finished", task=task_name, budget=tune.trials_per_task, done=len(lats),
+                stopped=stopped)
+    return _outcome(work_dir, task_name, workload_hash, flops, stopped, lats, session_best, trials_before,
+                    tune.session, previous_best_ms, threads)
 
 
 def _warm_start(work_dir: Path, task_name: str, workload_mod, seeds: list[Any], previous_best_ms: float | None,
@@ -351,10 +352,10 @@ def _measure_after_search(work_dir: Path, task_name: str, workload_mod, target, 
     return threads
 
 
-def _outcome(work_dir: Path, task_name: str, workload_hash: str, flops: float, stopped: str, trials_before: int,
-             session: str | None, previous_best_ms: float | None, threads: int | None) -> TuneOutcome:
-    """What the task reports, read back from its trial log and warm-start note."""
-    lats, session_best, _ = history(work_dir)
+def _outcome(work_dir: Path, task_name: str, workload_hash: str, flops: float, stopped: str, lats: list[float],
+             session_best: float, trials_before: int, session: str | None, previous_best_ms: float | None,
+             threads: int | None) -> TuneOutcome:
+    """What the task reports: its trial log's latencies (`trial_log.history`) and its warm-start note."""
     curve, b, reached = [], FAILED, None
     for i, v in enumerate(lats, 1):
         b = min(b, v)

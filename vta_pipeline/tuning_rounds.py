@@ -46,8 +46,8 @@ class TuningRounds:
         self.trials_per_task = trials_per_task
         self.steered = steer == "latency"
         self.in_flight = max(1, min(in_flight, len(self.tasks) or 1))
-        first = allocation.first_round(trials_per_task) if self.steered else trials_per_task
-        self.budgets: dict[str, int] = {t.name: first for t in self.tasks}
+        self.first = allocation.first_round(trials_per_task) if self.steered else trials_per_task
+        self.budgets: dict[str, int] = {t.name: self.first for t in self.tasks}
         self.first_refs: dict[str, Any] = {}
         self.second_round: list[str] = []
 
@@ -61,7 +61,6 @@ class TuningRounds:
         refs = self._window(self.tasks, submit, wait, on_poll, poll_s)
         self.first_refs = dict(refs)
         if self.steered:
-            first = allocation.first_round(self.trials_per_task)
             spends = []
             for t in self.tasks:
                 s = summary(refs[t.name])
@@ -69,7 +68,7 @@ class TuningRounds:
                                                    allocation.used_ms(s["best_latency_ms"], s.get("default_ms")),
                                                    searchable=s.get("stopped", "budget") == "budget"))
             self.budgets.update(allocation.allocate(spends, self.trials_per_task))
-            more = [t for t in self.tasks if self.budgets[t.name] > first]
+            more = [t for t in self.tasks if self.budgets[t.name] > self.first]
             self.second_round = [t.name for t in more]
             refs.update(self._window(more, submit, wait, on_poll, poll_s))
         return refs
@@ -77,9 +76,7 @@ class TuningRounds:
     @property
     def second_round_trials(self) -> int:
         """Trials the second round added over the first (0 when flat)."""
-        if not self.steered:
-            return 0
-        return sum(self.budgets.values()) - allocation.first_round(self.trials_per_task) * len(self.tasks)
+        return sum(self.budgets.values()) - self.first * len(self.tasks)
 
     def _window(self, todo: Sequence[Task], submit, wait, on_poll, poll_s: float) -> dict[str, Any]:
         futures: dict[str, Future] = {}
