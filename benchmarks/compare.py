@@ -303,30 +303,27 @@ def model_gflop(store: Path, model: str, source: str) -> float:
 
 def goals(rows: list[dict[str, Any]], overhead: dict[str, Any]) -> list[str]:
     """The issue's goals, checked against this run's numbers (the best budget of each engine)."""
-    def best(model: str, prefix: str) -> float | None:
-        ms = [r["median_ms"] for r in rows if r["model"] == model and r["engine"].startswith(prefix)
-              and r.get("correct") is not False]
-        return min(ms) if ms else None
+    def best(model: str, prefix: str) -> dict[str, Any] | None:
+        """The fastest correct row of the model whose engine starts with `prefix`."""
+        ok = [r for r in rows if r["model"] == model and r["engine"].startswith(prefix) and r.get("correct") is not False]
+        return min(ok, key=lambda r: r["median_ms"], default=None)
 
     out = ["Goals:", ""]
     for model in dict.fromkeys(r["model"] for r in rows):
         fp, i8 = best(model, "TVM tuned fp32"), best(model, INT8_LAYOUTS["x86"])
-        ort_fp, ort_i8 = best(model, "ONNX Runtime fp32"), best(model, "ONNX Runtime int8")
+        ort_fp, ort_i8 = best(model, References.FP32), best(model, "ONNX Runtime int8")
         for what, ours, theirs, factor in (("tuned fp32 faster than ONNX Runtime fp32", fp, ort_fp, 1.0),
                                            ("tuned int8 faster than ONNX Runtime int8 U8S8", i8, ort_i8, 1.0),
                                            ("tuned int8 at least 2.5x faster than tuned fp32", i8, fp, 2.5)):
             if ours is None or theirs is None:
                 continue
-            ok = ours * factor < theirs
-            line = (f"- {model}: {what}: {'MET' if ok else 'not met'} "
-                    f"({ours:.2f} ms vs {theirs:.2f} ms{f' / {factor}' if factor != 1 else ''})")
-            if factor == 1.0:  # the same row against the reference timed right after it
-                pairs = [(r["median_ms"], r["timed_right_after"][e]) for r in rows if r["model"] == model
-                         and r["median_ms"] == ours for e in r.get("timed_right_after", {})]
-                if pairs:
-                    a, b = pairs[0]
-                    line += (f"; against the reference timed right after that row: {'MET' if a < b else 'not met'} "
-                             f"({a:.2f} ms vs {b:.2f} ms)")
+            a, b = ours["median_ms"], theirs["median_ms"]
+            line = (f"- {model}: {what}: {'MET' if a * factor < b else 'not met'} "
+                    f"({a:.2f} ms vs {b:.2f} ms{f' / {factor}' if factor != 1 else ''})")
+            after = ours.get("timed_right_after", {}).get(theirs["engine"])
+            if after is not None:  # the same row against the reference timed right after it
+                line += (f"; against the reference timed right after that row: {'MET' if a < after else 'not met'} "
+                         f"({a:.2f} ms vs {after:.2f} ms)")
             out.append(line)
     ours = overhead.get("pipeline, 2 board(s)")
     for label in (BARE, BARE_OUR_POOLS):
