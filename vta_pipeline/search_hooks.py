@@ -44,11 +44,13 @@ def make_guarded_search(inner, *, known_hashes: set[int], early_stopping: int | 
             self.failed_in_row = 0
             self.errors: list[str] = []
             self.stop_reason: str | None = None
+            self.max_trials = 1 << 30  # set by pre_tuning
 
         def _initialize_with_tune_context(self, context) -> None:
             self.inner._initialize_with_tune_context(context)
 
         def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None):
+            self.max_trials = int(max_trials)
             self.inner.pre_tuning(max_trials, num_trials_per_iter, design_spaces, database, cost_model)
 
         def post_tuning(self) -> None:
@@ -56,6 +58,11 @@ def make_guarded_search(inner, *, known_hashes: set[int], early_stopping: int | 
 
         def generate_measure_candidates(self):
             if self.stop_reason:
+                return None
+            # the round's budget is a hard cap: when known schedules were dropped from a batch,
+            # the inner search's own count drifted, and a resumed task measured 10 of 8 (CI)
+            room = self.max_trials - self.run_valid - self.run_failed
+            if room <= 0:
                 return None
             for _ in range(4):  # the inner search may propose only known schedules for a while
                 cands = self.inner.generate_measure_candidates()
@@ -70,7 +77,7 @@ def make_guarded_search(inner, *, known_hashes: set[int], early_stopping: int | 
                     seen.add(h)
                     fresh.append(c)
                 if fresh:
-                    return fresh
+                    return fresh[:room]
                 self.inner.notify_runner_results(cands, [])
             self.stop_reason = "search-exhausted"
             return None
