@@ -29,9 +29,7 @@ import numpy as np
 
 from compare import fp32_gemms, stats, timed
 
-
 from vta_pipeline import machine
-
 
 # Both engines' thread pools spin-wait for the next job after each one; timed alternately in
 # one process, each engine's spinning threads took the cores from the other (our kernels
@@ -40,13 +38,16 @@ SPIN = {"TVM_THREAD_POOL_SPIN_COUNT": "0"}
 
 
 def ort_session(model, threads: int):
+    """An ONNX Runtime session of `model` (an ONNX ModelProto or a file path) on `threads`
+    threads, all graph optimizations on, its thread pool not spinning (see SPIN)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # see SPIN
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    source = str(model) if isinstance(model, Path) else model.SerializeToString()
+    return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
 
 
 def conv_model(n: int, h: int, w: int, c: int, oc: int, kh: int, kw: int, ph: int, pw: int, sh: int, sw: int):
@@ -119,7 +120,6 @@ def newest_build(store: Path) -> Path:
 def networks(model: str, lib: Path, threads: int, work: Path) -> dict[str, Callable[[], Any]]:
     """The whole network both ways: our built library in a Relax VM, and ONNX Runtime on the
     same torchvision model (random weights, as compare.py exports it)."""
-    import onnxruntime as ort
     import torch
     import tvm
     from tvm import relax
@@ -131,10 +131,7 @@ def networks(model: str, lib: Path, threads: int, work: Path) -> dict[str, Calla
     onnx_path = work / f"{model}.onnx"
     torch.onnx.export(torch_model(model, 0), (torch.from_numpy(x),), str(onnx_path), input_names=["data"],
                       output_names=["out"], opset_version=17, dynamo=False)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    sess = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+    sess = ort_session(onnx_path, threads)
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib)), tvm.cpu())
     main, xt = vm["main"], tvm.runtime.tensor(x)
     return {"ours": lambda: main(xt), "ort": lambda: sess.run(None, {"data": x})}

@@ -34,9 +34,11 @@ ms (6 pixels; ORT 1.63). The bounds checks stay in the code: TIR's LoopPartition
 the last tile off under a `pragma_loop_partition_hint`, but in TVM 0.27 NarrowDataType renames
 the int64 loop variables after LowerOpaqueBlock turned the hint into an attribute of the old
 variable, so the hint never reaches its loop (checked on the lowered TIR: without
-NarrowDataType the same module is peeled). Float weights are constants marked layout-free: `RewriteLayout` stores
-them in the order this nest reads them ([oc_chunk, ic_chunk, kh, kw, ic_lane, oc_tile,
-oc_lane]), once, at build time; int8 weights already are in the dot product's `OIHW16o4i`.
+NarrowDataType the same module is peeled).
+
+Float weights are constants marked layout-free: `RewriteLayout` stores them in the order
+this nest reads them ([oc_chunk, ic_chunk, kh, kw, ic_lane, oc_tile, oc_lane]), once, at
+build time; int8 weights already are in the dot product's `OIHW16o4i`.
 
 What it applies to (`conv_kind`), on CPU targets: a task whose one reduction block is a conv
 of graph pack: VTA's `conv2d_packed` compute in float32 (graph pack of a float network), the
@@ -58,7 +60,6 @@ MAX_REG_N = 8      # output columns per register tile
 MAX_REG_H = 4      # output rows per register tile
 MAX_OC_TILE = 4    # packed output-channel chunks per register tile
 UNROLL_STEPS = [0, 16, 64, 512]  # MetaSchedule's CPU choices for auto-unroll
-TILE_LOOPS = 5     # oh_inner, ow_inner, oc_chunk_inner, batch lane, oc lane
 # Vector registers the int8 dot product's tile leaves for its operands and its int16 / int32
 # partial products (float tiles count theirs exactly: `tile_registers`).
 DOT_SPARE_REGISTERS = 5
@@ -132,11 +133,10 @@ def schedule(sch, intrin: str | None = None) -> None:
     oh_o, oh_i = sch.split(oh, h_split)
     if kind == "float":
         ow_o, ow_i = _split_width(sch, ow)
-    else:  # the tensorized dot product takes no bounds check inside its block: whole tiles
-        ow_o, ow_i = sch.split(ow, sch.sample_perfect_tile(ow, n=2, max_innermost_factor=MAX_REG_N))
-    if kind == "float":
         sch.reorder(b_o, c_o_o, oh_o, ow_o, k_o, d_i, d_j, k_i, oh_i, ow_i, c_o_i, b_i, c_i)
-    else:  # the dot product's 16 lanes x 4 reduction steps stay innermost, as one block
+    else:  # the tensorized dot product takes no bounds check inside its block (whole tiles); its
+        # 16 lanes x 4 reduction steps stay innermost, as one block
+        ow_o, ow_i = sch.split(ow, sch.sample_perfect_tile(ow, n=2, max_innermost_factor=MAX_REG_N))
         sch.reorder(b_o, c_o_o, oh_o, ow_o, k_o, d_i, d_j, oh_i, ow_i, c_o_i, b_i, c_i, k_i)
     outer = sch.fuse(b_o, c_o_o, oh_o)
     sch.parallel(outer)
@@ -321,7 +321,7 @@ def _blocks(sch) -> list:
     return out[1:]
 
 
-def register_limit(target: Any, kind: str) -> Any:
+def register_limit(target: Any) -> Any:
     """A postprocessor that rejects candidates whose register tile cannot fit the target's
     vector registers (`tile_registers`): MetaSchedule then samples another, instead of
     measuring a tile that spills to the stack (on AVX2, 7 pixels of a 16-lane float chunk
@@ -340,7 +340,7 @@ def register_limit(target: Any, kind: str) -> Any:
             return tile_registers(sch, lanes) <= regs
 
         def clone(self):
-            return register_limit(target, kind)
+            return register_limit(target)
 
     return RegisterLimit()
 
@@ -354,7 +354,7 @@ def space_generator(target: Any, kind: str) -> Any:
         int8_dot.register()
         intrin = int8_dot.intrinsic_for(target)
     postprocs = [
-        register_limit(target, kind),
+        register_limit(target),
         ms.postproc.DisallowDynamicLoop(),
         ms.postproc.RewriteParallelVectorizeUnroll(),  # realizes the sampled unroll depth
         ms.postproc.RewriteReductionBlock(),
