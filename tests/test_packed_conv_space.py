@@ -153,13 +153,19 @@ def test_a_candidate_is_neocpus_loop_nest(network):
             text = sch.mod.script()
             body = text[text.index("def main"):]
             assert "T.parallel(" in body
-            # the update: the reduction loops (k_o, d_i, d_j, k_i) outside the unrolled tile, lanes vectorized
-            update = body[:body.index('T.sblock("conv2d_packed_update")')]
-            nest = re.findall(r"for (\w+(?:, \w+)*) in (T\.\w+|range)\(", update)
+            # the update: the reduction loops (k_o, d_i, d_j, k_i) outside the unrolled tile (rows x
+            # columns or pixels over rows, times output-channel chunks), then the batch lane and the
+            # vectorized lanes
+            at = body.index('T.sblock("conv2d_packed_update")')
+            nest = re.findall(r"for (\w+(?:, \w+)*) in (T\.\w+|range)\(", body[:at])
             names = [n for group, _ in nest for n in group.split(", ")]
             kinds = [k for group, k in nest for _ in group.split(", ")]
-            assert names.index("k_i") < names.index("c_i") and kinds[-1] == "T.vectorized", nest[-6:]
-            assert kinds.count("T.unroll") >= 3
+            roles, loops = re.search(r'T\.axis\.remap\("(\w+)", \[([\w, ]+)\]\)', body[at:]).groups()
+            reduction = [loop for role, loop in zip(roles, loops.split(", ")) if role == "R"]
+            reduction += re.findall(r"T\.axis\.reduce\([^,]+, (\w+)", body[at:body.index("T.writes(", at)])
+            assert reduction and all(loop in names for loop in reduction), (reduction, names)
+            tile = kinds[max(names.index(loop) for loop in reduction) + 1:]
+            assert tile[-2:] == ["range", "T.vectorized"] and tile[:-2] in (["T.unroll"] * 2, ["T.unroll"] * 3), nest
             # the epilogue (bias, residual add, ReLU) is written from the tile: no block of its own
             assert 'T.sblock("T_add' not in body and 'T.sblock("compute' not in body
             # weights read in the nest's order: RewriteLayout's rewrite of the layout-free weight
@@ -206,7 +212,9 @@ def test_a_16_lane_float_tile_on_avx2_holds_six_pixels_not_seven(network):
 @pytest.mark.skipif(not host_has_avx2, reason="this CPU has no AVX2: the module cannot run here")
 def test_ragged_register_tiles_are_sampled_and_compute_every_pixel(tmp_path):
     """Tile widths that do not divide the output's (resnet's 7 x 2^k widths: 6 of 56, 4 of 7)
-    are in the space, and their last, partial tile writes exactly the pixels that exist."""
+    are in the space, and so are tiles over the row-major pixels across rows (5 or 6 of a 7 x 7
+    output's 49); the last, partial tile of either writes exactly the pixels that exist."""
+    intrin_registry.load()  # what a TuneContext imports, in seconds
     x = np.random.default_rng(0).standard_normal((1, 16, 7, 7)).astype("float32")
 
     class Net(nn.Module):
@@ -224,26 +232,37 @@ def test_ragged_register_tiles_are_sampled_and_compute_every_pixel(tmp_path):
     lowered = lower_for_tuning(packed)
     (task,) = _packed_tasks(lowered, HERE)
     wl = task.dispatched[0]
-    widths = {}
-    for seed in range(1, 200):
+    tiles = {}  # (over rows?, pixels) -> a candidate
+    for seed in range(1, 300):
         sch = _sample(wl, HERE, seed * 7919)
         if sch is not None:
-            widths.setdefault(int(sch.get(sch.get_loops(sch.get_sblock("conv2d_packed_update"))[-4]).extent), sch)
-    ragged = sorted(w for w in widths if 7 % w)
-    assert ragged and max(widths) <= packed_conv_space.MAX_REG_N, sorted(widths)
+            _, pixels, chunks, _ = packed_conv_space.tile_shape(sch)
+            tiles.setdefault((_over_rows(sch), pixels if chunks == 1 else -pixels), sch)
+        if {(True, 5), (True, 6), (False, 4), (False, 5), (False, 6)} <= set(tiles):
+            break
+    ragged = sorted(w for over, w in tiles if not over and w > 0 and 7 % w)
+    assert ragged and max(w for _, w in tiles) <= packed_conv_space.MAX_REG_N, sorted(tiles)
+    assert {(True, 5), (True, 6)} <= set(tiles), sorted(tiles)  # 49 = 9 x 5 + 4 = 8 x 6 + 1
     (tmp_path / "extract").mkdir()
     (tmp_path / "extract" / "lowered.json").write_text(tvm.ir.save_json(lowered))
-    for width in ragged[-2:]:
-        out_dir, db_dir = tmp_path / f"out{width}", tmp_path / f"db{width}"
+    for key in [(False, w) for w in ragged[-2:]] + [(True, 5), (True, 6)]:
+        out_dir, db_dir = tmp_path / f"out{key}", tmp_path / f"db{key}"
         out_dir.mkdir()
         db_dir.mkdir()
         db = ms.database.JSONDatabase(work_dir=str(db_dir))
-        db.commit_tuning_record(ms.database.TuningRecord(widths[width].trace, db.commit_workload(wl), [1e-3],
+        db.commit_tuning_record(ms.database.TuningRecord(tiles[key].trace, db.commit_workload(wl), [1e-3],
                                                          tvm.target.Target(HERE)))
         build_network(tmp_path / "extract", HERE, out_dir, best_db_dir=db_dir)
         vm = relax.VirtualMachine(tvm.runtime.load_module(str(out_dir / LIB)), tvm.cpu())
         out = vm["main"](tvm.runtime.tensor(x)).numpy()
-        np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4, err_msg=f"tile of {width}")
+        np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4, err_msg=f"tile {key}")
+
+
+def _over_rows(sch) -> bool:
+    """Whether the candidate's float tile runs over the row-major pixels (one pixel axis in the
+    conv's update block, and its output laid out as [.., H x W, ..] before the epilogue)."""
+    update = sch.get(sch.get_sblock("conv2d_packed_update"))
+    return len(update.iter_vars) == 9 and len(update.writes[0].source.shape) == 5
 
 
 @pytest.mark.parametrize("spec, register", [(HERE, "ymm"), (SKYLAKE, "zmm")])
