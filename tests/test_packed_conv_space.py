@@ -81,12 +81,13 @@ def _packed_tasks(lowered, spec, kind: str = "float"):
 
 
 def _sample(wl, spec, seed: int):
-    """One candidate of the task's space with its postprocessors applied, as a trial builds it
-    (None when a postprocessor rejects it)."""
+    """One candidate of the task's space (of one of its design spaces, by the seed) with its
+    postprocessors applied, as a trial builds it (None when a postprocessor rejects it)."""
     target = tvm.target.Target(spec)
     ctx = ms.TuneContext(mod=wl, target=target, space_generator=design_space(target, wl),
                          task_name="t", rand_state=seed)
-    sch = ctx.generate_design_space()[0]
+    spaces = ctx.generate_design_space()
+    sch = spaces[seed % len(spaces)]
     return sch if all(p.apply(sch) for p in ctx.space_generator.postprocs) else None
 
 
@@ -232,6 +233,11 @@ def test_ragged_register_tiles_are_sampled_and_compute_every_pixel(tmp_path):
     lowered = lower_for_tuning(packed)
     (task,) = _packed_tasks(lowered, HERE)
     wl = task.dispatched[0]
+    # two design spaces: MetaSchedule replays a space's trace for each candidate, so a choice
+    # between the nests must be a space of its own to reach the candidates
+    target = tvm.target.Target(HERE)
+    ctx = ms.TuneContext(mod=wl, target=target, space_generator=design_space(target, wl), task_name="t")
+    assert [_over_rows(sch) for sch in ctx.generate_design_space()] == [False, True]
     tiles = {}  # (over rows?, pixels) -> a candidate
     for seed in range(1, 300):
         sch = _sample(wl, HERE, seed * 7919)

@@ -20,8 +20,8 @@ Knobs, each a MetaSchedule sampling decision (so the evolutionary search mutates
 record replays them): how many output-channel chunks one tile computes (`oc_tile`, 1-4), the
 tile's output width (`reg_n`, 1-8) and height (`reg_h`, a divisor of the height up to 4),
 and the unroll depth of the whole nest (0-512, as MetaSchedule's own rule samples it). A
-float tile may instead run over 1-8 pixels of the row-major H x W, across rows (a sampled
-choice, `_fuse_pixels`): small outputs (7 x 7) then split into whole tiles. Tiles
+float conv has a second design space whose tile runs over 1-8 pixels of the row-major H x W,
+across rows (`_fuse_pixels`): small outputs (7 x 7) then split into whole tiles. Tiles
 that do not fit the CPU's vector registers (accumulators, the tile's weight vectors and the
 broadcast input) are rejected before they are built (`register_limit`).
 
@@ -116,18 +116,33 @@ def conv_kind(workload: Any, target: Any) -> str | None:
     return kind
 
 
-def schedule(sch, intrin: str | None = None) -> None:
+def design_spaces(sch, intrin: str | None = None) -> list:
+    """The task's design spaces: the nest with tiles of rows x columns and, for a float conv
+    whose epilogue can follow a pixel axis, the nest with tiles over the row-major pixels
+    (`_fuse_pixels`). Two spaces, not one sampled branch: MetaSchedule draws its candidates
+    by replaying a space's trace with new decisions, never by calling this function again,
+    so a choice made in Python here would hold for every candidate of the task."""
+    over_rows = sch.copy()
+    schedule(sch, intrin)
+    return [sch, over_rows] if schedule(over_rows, intrin, pixel_tiles=True) else [sch]
+
+
+def schedule(sch, intrin: str | None = None, pixel_tiles: bool = False) -> bool:
     """Apply the space's schedule to `sch` (a workload `conv_kind` accepted), sampling its
-    knobs; `intrin`: the dot-product intrinsic for an int8 conv."""
+    knobs; `intrin`: the dot-product intrinsic for an int8 conv; `pixel_tiles`: a float
+    conv's tile over the row-major pixels (False, leaving `sch` unscheduled, where that
+    does not apply)."""
     conv, kind = _conv_block(sch)
     _inline_elementwise(sch, conv)
+    if pixel_tiles and (kind != "float" or not _pixel_axis_fits(sch, conv)):
+        return False
     if kind == "nchw":
         _schedule_nchw(sch, conv)
-        return
+        return True
     if kind == "depthwise":
         _schedule_depthwise(sch, conv)
-        return
-    if kind == "float" and _sample_pixel_tiles(sch, conv):
+        return True
+    if pixel_tiles:
         _fuse_pixels(sch, conv)
         b_o, c_o, pixels, b_i, c_i, k_o, d_i, d_j, k_i = sch.get_loops(conv)
         c_o_o, c_o_i = sch.split(c_o, sch.sample_perfect_tile(c_o, n=2, max_innermost_factor=MAX_OC_TILE))
@@ -175,6 +190,7 @@ def schedule(sch, intrin: str | None = None) -> None:
         sch.tensorize(dot, intrin)
     sch.vectorize(sch.get_loops(acc)[-1])
     _sample_unroll(sch)
+    return True
 
 
 def _split_width(sch, loop) -> tuple[Any, Any]:
@@ -185,14 +201,14 @@ def _split_width(sch, loop) -> tuple[Any, Any]:
     return sch.split(loop, [None, factor])
 
 
-def _sample_pixel_tiles(sch, conv) -> bool:
-    """Whether the float tile runs over the output's pixels in row-major order (any 1..8 of
-    the H x W, rows included) instead of over a rectangle of rows x columns: a sampled knob.
-    A conv whose output is the function's own (nothing after it to fold) keeps rectangles:
-    its output buffer is a parameter and keeps its shape."""
-    if not sch.get_consumers(conv):
-        return False
-    return bool(int(sch.get(sch.sample_categorical([0, 1], probs=[0.5, 0.5]))))
+def _pixel_axis_fits(sch, conv) -> bool:
+    """Whether the conv's epilogue can follow a pixel axis: a conv whose output is the
+    function's own (nothing after it to fold) keeps its rows, its output buffer being a
+    parameter that keeps its shape; so does one whose epilogue is not an elementwise block
+    over the conv's output shape."""
+    shape = [int(d) for d in sch.get(conv).writes[0].source.shape]
+    consumers = sch.get_consumers(conv)
+    return bool(consumers) and all([int(v.dom.extent) for v in sch.get(c).iter_vars] == shape for c in consumers)
 
 
 def _fuse_pixels(sch, conv) -> None:
@@ -406,5 +422,5 @@ def space_generator(target: Any, kind: str) -> Any:
     if kind in ("float", "nchw"):  # dot: weights already in the dot product's layout; depthwise: read once
         postprocs.append(ms.postproc.RewriteLayout())
     mutators = {ms.mutator.MutateTileSize(): 0.8, ms.mutator.MutateUnroll(): 0.2}
-    return ms.space_generator.ScheduleFn(lambda sch: schedule(sch, intrin), sch_rules=[], postprocs=postprocs,
+    return ms.space_generator.ScheduleFn(lambda sch: design_spaces(sch, intrin), sch_rules=[], postprocs=postprocs,
                                          mutator_probs=mutators)
