@@ -137,6 +137,40 @@ def networks(model: str, lib: Path, threads: int, work: Path) -> dict[str, Calla
     return {"ours": lambda: main(xt), "ort": lambda: sess.run(None, {"data": x})}
 
 
+def kernel_times(lib: Path, runs: int) -> dict[str, dict[str, float]]:
+    """Where our network's time goes, per kernel: each function the Relax VM calls (kernels
+    and VM builtins), timed around the call by the VM's instrument hook over `runs` runs
+    (ms per network run, and calls per run). The hook's own Python round trip adds a few
+    microseconds to every call, so the sum is a little above the network's latency."""
+    import time
+    from collections import defaultdict
+
+    import tvm
+    from tvm import relax
+
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib)), tvm.cpu())
+    x = tvm.runtime.tensor(np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32))
+    total: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    started = [0.0]
+
+    def hook(func, name, before_run, ret, *args):
+        if before_run:
+            started[0] = time.perf_counter()
+        else:
+            total[name] += time.perf_counter() - started[0]
+            calls[name] += 1
+        return 0  # relax.VMInstrumentReturnKind.NO_OP
+
+    for _ in range(3):
+        vm["main"](x)
+    vm.set_instrument(hook)
+    for _ in range(runs):
+        vm["main"](x)
+    return {name: {"ms": 1e3 * total[name] / runs, "calls": calls[name] // runs}
+            for name in sorted(total, key=total.get, reverse=True)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", type=Path, required=True, help="a compare.py --out directory")
@@ -181,7 +215,6 @@ def main() -> None:
     network = [r["network"] for r in rounds]
     meta = {**machine.cpu(), "threads": args.threads, "run": str(args.run), "what": args.what, "peaks_gflops": peaks,
             "build": str(lib), "network_ms_per_round": network}
-    (args.run / "conv_gap.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     md = [f"{args.what}: each conv task's best tuned kernel (from {args.run.name}'s store) beside ONNX Runtime on a "
           f"one-conv model of the same shape, both timed now, interleaved in {args.rounds} rounds of {args.runs} runs "
           f"(medians over rounds), on {meta.get('cpu', '?')} ({', '.join(meta.get('isa', []))}), {args.threads} "
@@ -202,6 +235,15 @@ def main() -> None:
     md += ["", f"The whole network in the same rounds ({lib.parent.name}/{lib.name} in a Relax VM vs ONNX Runtime, "
            f"{2 * args.runs} runs each): " + "; ".join(f"ours {n['ours']:.2f} ms vs ORT {n['ort']:.2f} ms "
                                                        f"({n['ours'] / n['ort']:.2f}x)" for n in network) + "."]
+    kernels = kernel_times(lib, 2 * args.runs)
+    convs = sum(k["ms"] for name, k in kernels.items() if "conv2d" in name)
+    others = {name: k for name, k in kernels.items() if "conv2d" not in name}
+    md += ["", f"Our network per kernel (the VM's instrument hook around each call, {2 * args.runs} runs, after the "
+           f"rounds): convs {convs:.2f} ms, everything else {sum(k['ms'] for k in others.values()):.2f} ms:", "",
+           "| function | ms per run | calls |", "|---|---|---|"]
+    md += [f"| {name} | {k['ms']:.3f} | {k['calls']} |" for name, k in others.items()]
+    meta["kernels"] = kernels
+    (args.run / "conv_gap.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (args.run / "conv_gap.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
