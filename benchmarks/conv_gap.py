@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -191,7 +192,8 @@ def main() -> None:
         model, t["x"], t["flops"] = conv_model(*t["workload"])
         t["ort"], t["ours"] = ort_session(model, args.threads), our_kernel(t)
     lib = args.build or newest_build(args.store)
-    net = networks(args.what.split()[0], lib, args.threads, args.run)
+    with tempfile.TemporaryDirectory() as work:  # the exported ONNX file is loaded, then not needed (47 MB)
+        net = networks(args.what.split()[0], lib, args.threads, Path(work))
     rounds: list[dict[str, Any]] = []
     for r in range(args.rounds):  # interleaved: every round times every kernel of both engines
         peaks = fp32_gemms(args.threads)
