@@ -10,11 +10,14 @@ nothing. Both are also given as a share of the machine's reachable fp32 peak (th
 ONNX Runtime's and PyTorch's fp32 GEMMs, `compare.fp32_gemms`, timed in every round too).
 ONNX Runtime's one-conv time includes its NCHW <-> NCHWc reorders of input and output
 (inside a network it reorders once), so its number is a little slow, most for 1x1 convs.
+So the same convs are also timed where they run: each engine's whole network, run in turn,
+our kernels timed by the Relax VM's instrument hook and ONNX Runtime's by its own profiler
+(`in_network`): the table that says which of our kernels lose to which of ORT's.
 
     uv run python benchmarks/conv_gap.py --run benchmarks/results/<dir> --store <its --store> \\
         --what "resnet18 fp32 packed"
 
-Writes conv_gap.md / conv_gap.json into the run's directory.
+Writes conv_gap.md / conv_gap.json into the run's directory (or --out).
 """
 
 from __future__ import annotations
@@ -138,38 +141,133 @@ def networks(model: str, lib: Path, threads: int, work: Path) -> dict[str, Calla
     return {"ours": lambda: main(xt), "ort": lambda: sess.run(None, {"data": x})}
 
 
-def kernel_times(lib: Path, runs: int) -> dict[str, dict[str, float]]:
-    """Where our network's time goes, per kernel: each function the Relax VM calls (kernels
-    and VM builtins), timed around the call by the VM's instrument hook over `runs` runs
-    (ms per network run, and calls per run). The hook's own Python round trip adds a few
+class InstrumentedVM:
+    """Our built network in a Relax VM whose instrument hook times each function it calls
+    (kernels and VM builtins) around the call: `run()` runs the network once and returns
+    {function: (seconds, calls)} of that run. The hook's own Python round trip adds a few
     microseconds to every call, so the sum is a little above the network's latency."""
-    import time
-    from collections import defaultdict
 
-    import tvm
-    from tvm import relax
+    def __init__(self, lib: Path) -> None:
+        import time
 
-    vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib)), tvm.cpu())
-    x = tvm.runtime.tensor(np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32))
-    total: dict[str, float] = defaultdict(float)
-    calls: dict[str, int] = defaultdict(int)
-    started = [0.0]
+        import tvm
+        from tvm import relax
 
-    def hook(func, name, before_run, ret, *args):
-        if before_run:
-            started[0] = time.perf_counter()
-        else:
-            total[name] += time.perf_counter() - started[0]
-            calls[name] += 1
-        return 0  # relax.VMInstrumentReturnKind.NO_OP
+        self.vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib)), tvm.cpu())
+        self.x = tvm.runtime.tensor(np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32))
+        self.calls: dict[str, tuple[float, int]] = {}
+        started = [0.0]
 
-    for _ in range(3):
-        vm["main"](x)
-    vm.set_instrument(hook)
+        def hook(func, name, before_run, ret, *args):
+            if before_run:
+                started[0] = time.perf_counter()
+            else:
+                sec, n = self.calls.get(name, (0.0, 0))
+                self.calls[name] = (sec + time.perf_counter() - started[0], n + 1)
+            return 0  # relax.VMInstrumentReturnKind.NO_OP
+
+        for _ in range(3):
+            self.vm["main"](self.x)
+        self.vm.set_instrument(hook)
+
+    def run(self) -> dict[str, tuple[float, int]]:
+        self.calls = {}
+        self.vm["main"](self.x)
+        return self.calls
+
+
+def kernel_times(lib: Path, runs: int) -> dict[str, dict[str, float]]:
+    """Where our network's time goes, per function the VM calls (`InstrumentedVM`), over `runs`
+    runs: ms per network run, and calls per run."""
+    vm = InstrumentedVM(lib)
+    total: dict[str, float] = {}
+    calls: dict[str, int] = {}
     for _ in range(runs):
-        vm["main"](x)
-    return {name: {"ms": 1e3 * total[name] / runs, "calls": calls[name] // runs}
+        for name, (sec, n) in vm.run().items():
+            total[name], calls[name] = total.get(name, 0.0) + sec, n
+    return {name: {"ms": 1e3 * total[name] / runs, "calls": calls[name]}
             for name in sorted(total, key=total.get, reverse=True)}
+
+
+def ort_profiled(onnx_path: Path, threads: int, work: Path):
+    """A session like `ort_session`'s with ONNX Runtime's profiler on (it times each node's
+    kernel as ORT runs it, after its NCHWc rewrite: reorders and all), and a function that
+    ends the profile and returns, per node in the order the network runs them, its op, its
+    `ort_conv_key` and its kernel time in ms at every run."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.enable_profiling, opts.profile_file_prefix = True, str(work / "ort_profile")
+    sess = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+
+    def nodes() -> list[dict[str, Any]]:
+        found: dict[str, dict[str, Any]] = {}
+        for e in json.loads(Path(sess.end_profiling()).read_text()):
+            if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+                node = found.setdefault(e["name"][: -len("_kernel_time")],
+                                        {"op": e["args"]["op_name"], "key": ort_conv_key(e["args"]), "ms": []})
+                node["ms"].append(e["dur"] / 1e3)
+        return list(found.values())
+
+    return sess, nodes
+
+
+def conv_key(h: int, w: int, c: int, oc: int, kh: int, kw: int, sh: int, residual: bool) -> str:
+    """A conv's identity across both engines: its input size, channels, window, stride and
+    whether a residual add is fused into it (ORT's Sum input, our task's second add)."""
+    return f"{h}x{w}x{c}->{oc} {kh}x{kw}/{sh}{'+res' if residual else ''}"
+
+
+def ort_conv_key(args: dict[str, Any]) -> str | None:
+    """`conv_key` of a profiled ORT Conv node (its ONNX shapes: input, weight, bias[, sum])."""
+    if args.get("op_name") != "Conv":
+        return None
+    shapes = [next(iter(s.values())) for s in args["input_type_shape"]]
+    (_, c, h, w), (oc, _, kh, kw) = shapes[0][:4], shapes[1]
+    oh = next(iter(args["output_type_shape"][0].values()))[2]
+    return conv_key(h, w, c, oc, kh, kw, round(h / oh), len(shapes) > 3)
+
+
+def task_conv_key(task: dict[str, Any]) -> str:
+    """`conv_key` of one of our conv tasks (its workload, and a second add in its fused name)."""
+    _, h, w, c, oc, kh, kw, _, _, sh, _ = task["workload"]
+    return conv_key(h, w, c, oc, kh, kw, sh, task["task"].count("_add") > 1)
+
+
+def in_network(tasks: list[dict[str, Any]], lib: Path, onnx_path: Path, threads: int, runs: int,
+               work: Path) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Each conv's time inside its network, per call, both engines: our kernels through the
+    VM's instrument hook, ONNX Runtime's through its profiler, the two networks run in turn
+    (one run each, `runs` times: on this host a block of runs of one engine and then the
+    other measured every kernel of one side 1.4x slower, the host's speed between the
+    blocks), medians over runs. A one-conv model's time (`conv_model`) includes the NCHW <->
+    NCHWc reorders ORT pays once per network, and a lone kernel starts with cold inputs; this
+    is each kernel where it runs. Also each engine's time per run outside its convs."""
+    vm = InstrumentedVM(lib)
+    sess, ort_nodes = ort_profiled(onnx_path, threads, work)
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    warm = 3  # ORT profiles from its session's start: these runs' events are dropped
+    for _ in range(warm):
+        sess.run(None, {"data": x})
+    ours: list[dict[str, tuple[float, int]]] = []
+    for _ in range(runs):
+        ours.append(vm.run())
+        sess.run(None, {"data": x})
+    names = {task_conv_key(t): t["task"] for t in tasks}
+    rows, nodes = [], ort_nodes()
+    for key, task in names.items():
+        theirs = [n["ms"][warm:] for n in nodes if n["key"] == key]
+        per_call = [sec * 1e3 / n for run in ours for name, (sec, n) in run.items() if name.startswith(task)]
+        if theirs and per_call:
+            rows.append({"key": key, "task": task, "calls": sum(t["weight"] for t in tasks if task_conv_key(t) == key),
+                         "ours_ms": float(np.median(per_call)), "ort_ms": float(np.median(np.mean(theirs, axis=0)))})
+    rest = {"ours": float(np.median([sum(sec for name, (sec, _) in run.items() if "conv2d" not in name)
+                                     for run in ours])) * 1e3,
+            "ort": float(np.median(np.sum([n["ms"][warm:] for n in nodes if not n["key"]], axis=0)))}
+    return rows, rest
 
 
 def main() -> None:
@@ -181,7 +279,10 @@ def main() -> None:
     ap.add_argument("--build", type=Path, help="our network's model.so (default: the store's newest build)")
     ap.add_argument("--runs", type=int, default=20, help="timed runs per kernel and round")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", type=Path, help="where conv_gap.{md,json} go (default: the --run directory)")
     args = ap.parse_args()
+    out = args.out or args.run
+    out.mkdir(parents=True, exist_ok=True)
 
     tasks = tuned_tasks(args.run, args.store, args.what)
     if not tasks:
@@ -192,8 +293,8 @@ def main() -> None:
         model, t["x"], t["flops"] = conv_model(*t["workload"])
         t["ort"], t["ours"] = ort_session(model, args.threads), our_kernel(t)
     lib = args.build or newest_build(args.store)
-    with tempfile.TemporaryDirectory() as work:  # the exported ONNX file is loaded, then not needed (47 MB)
-        net = networks(args.what.split()[0], lib, args.threads, Path(work))
+    work = tempfile.TemporaryDirectory()  # the exported ONNX file and ORT's profiles (47 MB): not results
+    net = networks(args.what.split()[0], lib, args.threads, Path(work.name))
     rounds: list[dict[str, Any]] = []
     for r in range(args.rounds):  # interleaved: every round times every kernel of both engines
         peaks = fp32_gemms(args.threads)
@@ -245,8 +346,22 @@ def main() -> None:
            "| function | ms per run | calls |", "|---|---|---|"]
     md += [f"| {name} | {k['ms']:.3f} | {k['calls']} |" for name, k in others.items()]
     meta["kernels"] = kernels
-    (args.run / "conv_gap.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    (args.run / "conv_gap.md").write_text("\n".join(md) + "\n")
+    inside, rest = in_network(tasks, lib, Path(work.name) / f"{args.what.split()[0]}.onnx", args.threads,
+                              2 * args.runs * args.rounds, Path(work.name))
+    work.cleanup()
+    ours_in = sum(r["ours_ms"] * r["calls"] for r in inside)
+    ort_in = sum(r["ort_ms"] * r["calls"] for r in inside)
+    md += ["", f"Each conv inside its network, per call (our VM's instrument hook; ONNX Runtime's profiler, its "
+           f"NCHWc kernels after its own layout rewrite), the two networks run in turn, "
+           f"{2 * args.runs * args.rounds} runs each, medians: convs ours {ours_in:.2f} ms vs ORT {ort_in:.2f} ms per run ({ours_in / ort_in:.2f}x); "
+           f"everything else ours {rest['ours']:.2f} ms vs ORT {rest['ort']:.2f} ms.", "",
+           "| conv (input, channels, window/stride, +res: residual add fused) | calls | ours ms | ORT ms | ours/ORT |",
+           "|---|---|---|---|---|"]
+    md += [f"| {r['key']} | {r['calls']} | {r['ours_ms']:.3f} | {r['ort_ms']:.3f} | {r['ours_ms'] / r['ort_ms']:.2f} |"
+           for r in sorted(inside, key=lambda r: -r["ours_ms"] * r["calls"])]
+    meta["in_network"] = {"convs": inside, "other_ms": rest}
+    (out / "conv_gap.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (out / "conv_gap.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
 
