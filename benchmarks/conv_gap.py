@@ -3,10 +3,10 @@
 `compare.py` says whether a tuned network beats ONNX Runtime; this says where the gap is.
 For every conv task of a benchmark run it builds the task's best record from the run's store
 and times it (the kernel alone, its weights already in the tuned layout) beside ONNX Runtime
-on a one-conv model of the same shape (bias + ReLU, NCHW in and out), same threads,
-interleaved in rounds, so both sides see the same host: on this shared 2-core VM an engine
-moved 2x within minutes, and a tuning log's latency from an hour before compares with
-nothing. Both are also given as a share of the machine's reachable fp32 peak (the best of
+on a one-conv model of the same shape (bias + ReLU, NCHW in and out), same threads, one
+run of each in turn, in rounds, so both sides see the same host: on this shared 2-core VM
+an engine moved 2x within minutes, and a tuning log's latency from an hour before compares
+with nothing. Both are also given as a share of the machine's reachable fp32 peak (the best of
 ONNX Runtime's and PyTorch's fp32 GEMMs, `compare.fp32_gemms`, timed in every round too).
 ONNX Runtime's one-conv time includes its NCHW <-> NCHWc reorders of input and output
 (inside a network it reorders once), so its number is a little slow, most for 1x1 convs.
@@ -139,6 +139,19 @@ def networks(model: str, lib: Path, threads: int, work: Path) -> dict[str, Calla
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib)), tvm.cpu())
     main, xt = vm["main"], tvm.runtime.tensor(x)
     return {"ours": lambda: main(xt), "ort": lambda: sess.run(None, {"data": x})}
+
+
+def alternating(fns: dict[str, Callable[[], Any]], runs: int) -> dict[str, float]:
+    """Median ms of each function over `runs` runs, the functions run in turn (one run each,
+    then again): on this host a block of runs of one engine and then a block of the other
+    measured the same pair from 0.72x to 1.60x apart within minutes."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for fn in fns.values():
+        timed(fn, 0)  # warm-up runs: timed's default 3
+    for _ in range(runs):
+        for k, fn in fns.items():
+            times[k] += timed(fn, 1, warmup=0)
+    return {k: stats(v)["median_ms"] for k, v in times.items()}
 
 
 class InstrumentedVM:
@@ -296,13 +309,13 @@ def main() -> None:
     work = tempfile.TemporaryDirectory()  # the exported ONNX file and ORT's profiles (47 MB): not results
     net = networks(args.what.split()[0], lib, args.threads, Path(work.name))
     rounds: list[dict[str, Any]] = []
-    for r in range(args.rounds):  # interleaved: every round times every kernel of both engines
+    for r in range(args.rounds):  # every round times every kernel of both engines
         peaks = fp32_gemms(args.threads)
         row = {"peak": max(peaks.values()), "peaks": peaks, "ours": {}, "ort": {},
-               "network": {k: stats(timed(fn, 2 * args.runs))["median_ms"] for k, fn in net.items()}}
+               "network": alternating(net, 2 * args.runs)}
         for t in tasks:
-            row["ort"][t["task"]] = stats(timed(lambda t=t: t["ort"].run(None, {"x": t["x"]}), args.runs))["median_ms"]
-            row["ours"][t["task"]] = stats(timed(t["ours"], args.runs))["median_ms"]
+            ms = alternating({"ort": lambda t=t: t["ort"].run(None, {"x": t["x"]}), "ours": t["ours"]}, args.runs)
+            row["ort"][t["task"]], row["ours"][t["task"]] = ms["ort"], ms["ours"]
         rounds.append(row)
         print(f"round {r + 1}/{args.rounds}: peak {row['peak']:.0f} GFLOP/s", flush=True)
     peak = float(np.median([r["peak"] for r in rounds]))
@@ -319,7 +332,7 @@ def main() -> None:
     meta = {**machine.cpu(), "threads": args.threads, "run": str(args.run), "what": args.what, "peaks_gflops": peaks,
             "build": str(lib), "network_ms_per_round": network}
     md = [f"{args.what}: each conv task's best tuned kernel (from {args.run.name}'s store) beside ONNX Runtime on a "
-          f"one-conv model of the same shape, both timed now, interleaved in {args.rounds} rounds of {args.runs} runs "
+          f"one-conv model of the same shape, both timed now, one run of each in turn, {args.rounds} rounds of {args.runs} runs "
           f"(medians over rounds), on {meta.get('cpu', '?')} ({', '.join(meta.get('isa', []))}), {args.threads} "
           f"threads. Peak: {peak:.0f} GFLOP/s (the median over rounds of the best fp32 GEMM: "
           + "; ".join(", ".join(f"{k} {v:.0f}" for k, v in p.items()) for p in peaks["per round"]) + ").", "",
@@ -336,7 +349,7 @@ def main() -> None:
     md += ["", f"Sum over the network's convs (x weight): ours {ours:.2f} ms, ONNX Runtime's one-conv models "
            f"{theirs:.2f} ms ({ours / theirs:.2f}x)."]
     md += ["", f"The whole network in the same rounds ({lib.parent.name}/{lib.name} in a Relax VM vs ONNX Runtime, "
-           f"{2 * args.runs} runs each): " + "; ".join(f"ours {n['ours']:.2f} ms vs ORT {n['ort']:.2f} ms "
+           f"one run of each in turn, {2 * args.runs} runs each, per round): " + "; ".join(f"ours {n['ours']:.2f} ms vs ORT {n['ort']:.2f} ms "
                                                        f"({n['ours'] / n['ort']:.2f}x)" for n in network) + "."]
     kernels = kernel_times(lib, 2 * args.runs)
     convs = sum(k["ms"] for name, k in kernels.items() if "conv2d" in name)

@@ -361,3 +361,51 @@ def test_an_int8_build_from_the_space_is_bit_identical_to_the_emulation(int8_net
     ex = tvm.compile(scheduled, target=target)
     asm = ex.mod.imports[0].inspect_source("asm") if ex.mod.imports else ex.mod.inspect_source("asm")
     assert asm.count("vpmaddubsw") >= 5
+
+
+class LinearBottleneck(nn.Module):
+    """mobilenet_v2's linear bottleneck: a 1x1 projection with no activation after it, so the
+    1x1 expansion after it reads signed activations."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.c1 = nn.Conv2d(16, 32, 3, padding=1)
+        self.proj = nn.Conv2d(32, 16, 1)
+        self.expand = nn.Conv2d(16, 32, 1)
+
+    def forward(self, x):
+        x = nn.functional.max_pool2d(torch.relu(self.stem(x)), 2)
+        x = self.proj(torch.relu(self.c1(x)))
+        return nn.functional.adaptive_avg_pool2d(torch.relu(self.expand(x)), 1)
+
+
+def test_an_int8_conv_reading_signed_data_keeps_the_generic_space_and_computes_right(tmp_path):
+    # The dot product multiplies uint8 data; mobilenet_v2's expansions read int8 (after a linear
+    # bottleneck), and tensorizing them failed its whole int8 tuning run (91c424f's benchmark).
+    intrin_registry.load()
+    int8_dot.register()
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype("float32")
+    q, _ = quantize(to_relax(randomize(LinearBottleneck(), 0), x), QuantizeParams())
+    x86, report = graph_pack(q, PackParams(layout="x86"))
+    lowered = lower_for_tuning(x86)
+    target = tvm.target.Target(HERE)
+    packed = [t for t in _tasks(lowered, HERE) if "conv2d_dot_packed" in t.task_name]
+    kinds = sorted(str(packed_conv_space.conv_kind(t.dispatched[0], target)) for t in packed)
+    assert report.uint8_convs == 2 and kinds == ["None", "dot", "dot"], kinds
+    db_dir = tmp_path / "db"
+    db_dir.mkdir()
+    db = ms.database.JSONDatabase(work_dir=str(db_dir))
+    for task in packed:  # every one yields candidates (the signed one: MetaSchedule's generic space)
+        (sch,) = _samples(task.dispatched[0], HERE, 1)
+        db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(task.dispatched[0]), [1e-3],
+                                                         target))
+    if not host_has_avx2:
+        return
+    for d in ("extract", "out"):
+        (tmp_path / d).mkdir()
+    (tmp_path / "extract" / "lowered.json").write_text(tvm.ir.save_json(lowered))
+    build_network(tmp_path / "extract", HERE, tmp_path / "out", best_db_dir=db_dir)
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "out" / LIB)), tvm.cpu())
+    y_emu, _ = emulate.run(q, [x])
+    assert np.array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), y_emu)

@@ -79,7 +79,10 @@ MAX_STEM_CHANNELS = 4
 def _conv_block(sch) -> tuple[Any, str] | tuple[None, None]:
     """The workload's conv block and its kind, if it has exactly one this space schedules:
     "float" (packed, float), "dot" (packed, uint8 x int8), "depthwise" (packed), "nchw" (a
-    plain NCHW float stem conv: at most 4 input channels, output channels in multiples of 8)."""
+    plain NCHW float stem conv: at most 4 input channels, output channels in multiples of 8).
+    A packed int8 conv whose data graph pack could not prove unsigned (mobilenet_v2's 1x1
+    convs after a linear bottleneck read int8) is none of them: the CPU's dot product takes
+    uint8 data only, and tensorizing it failed the whole tuning run."""
     found = [(b, sch.get(b)) for b in sch.get_child_blocks(sch.get_sblock("root"))
              if sch.get(b).name_hint in (PACKED_CONV, DOT_CONV, NCHW_CONV, PACKED_DEPTHWISE)]
     if len(found) != 1:
@@ -94,8 +97,8 @@ def _conv_block(sch) -> tuple[Any, str] | tuple[None, None]:
         return (block, "nchw") if ok else (None, None)
     if len(stmt.iter_vars) != 10:
         return None, None
-    if stmt.name_hint == DOT_CONV:
-        return block, "dot"
+    if stmt.name_hint == DOT_CONV:  # the dot product multiplies uint8 data: signed data keeps the generic space
+        return (block, "dot") if {"uint8", "int8"} <= {str(r.source.dtype) for r in stmt.reads} else (None, None)
     return (block, "float") if is_float else (None, None)
 
 
