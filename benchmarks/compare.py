@@ -742,11 +742,11 @@ def write(res: dict[str, Any], seconds: float, out: Path = OUT) -> str:
           f"({ALLOCATION[meta.get('allocation', 'flat')]}); peak fp32 "
           f"{peak['fp32_gflops']:.0f} GFLOP/s{f' ({fp32_src})' if fp32_src else ''}, int8 {peak.get('int8_gops') or 0:.0f} GOP/s ({int8_src}); "
           f"the benchmark took {meta['seconds'] / 60:.1f} min.", "", table(rows, peak)]
-    after = [(r["engine"], e, ms) for r in rows for e, ms in r.get("timed_right_after", {}).items()]
+    after = [(r["model"], r["engine"], e, ms) for r in rows for e, ms in r.get("timed_right_after", {}).items()]
     if after:
         md += ["", "The reference timed again right after each TVM row (the host drifts within a run):", "",
-               "| TVM row | reference | ms right after |", "|---|---|---|"]
-        md += [f"| {row} | {e} | {ms:.2f} |" for row, e, ms in after]
+               "| model | TVM row | reference | ms right after |", "|---|---|---|---|"]
+        md += [f"| {model} | {row} | {e} | {ms:.2f} |" for model, row, e, ms in after]
     md += ["", *goals(rows, overhead)]
     md += curve_tables(res)
     if res.get("curves"):
