@@ -41,15 +41,18 @@ from vta_pipeline import machine
 SPIN = {"TVM_THREAD_POOL_SPIN_COUNT": "0"}
 
 
-def ort_session(model, threads: int):
+def ort_session(model, threads: int, profile: Path | None = None):
     """An ONNX Runtime session of `model` (an ONNX ModelProto or a file path) on `threads`
-    threads, all graph optimizations on, its thread pool not spinning (see SPIN)."""
+    threads, all graph optimizations on, its thread pool not spinning (see SPIN); with ORT's
+    profiler writing to files named `profile`* when given."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if profile is not None:
+        opts.enable_profiling, opts.profile_file_prefix = True, str(profile)
     source = str(model) if isinstance(model, Path) else model.SerializeToString()
     return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
 
@@ -147,7 +150,7 @@ def alternating(fns: dict[str, Callable[[], Any]], runs: int) -> dict[str, float
     measured the same pair from 0.72x to 1.60x apart within minutes."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     for fn in fns.values():
-        timed(fn, 0)  # warm-up runs: timed's default 3
+        timed(fn, 0)  # timed's 3 warm-up runs, nothing timed
     for _ in range(runs):
         for k, fn in fns.items():
             times[k] += timed(fn, 1, warmup=0)
@@ -203,18 +206,11 @@ def kernel_times(lib: Path, runs: int) -> dict[str, dict[str, float]]:
 
 
 def ort_profiled(onnx_path: Path, threads: int, work: Path):
-    """A session like `ort_session`'s with ONNX Runtime's profiler on (it times each node's
-    kernel as ORT runs it, after its NCHWc rewrite: reorders and all), and a function that
-    ends the profile and returns, per node in the order the network runs them, its op, its
+    """An `ort_session` with ONNX Runtime's profiler on (it times each node's kernel as ORT
+    runs it, after its NCHWc rewrite: reorders and all), and a function that ends the
+    profile and returns, per node in the order the network runs them, its op, its
     `ort_conv_key` and its kernel time in ms at every run."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    opts.enable_profiling, opts.profile_file_prefix = True, str(work / "ort_profile")
-    sess = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+    sess = ort_session(onnx_path, threads, profile=work / "ort_profile")
 
     def nodes() -> list[dict[str, Any]]:
         found: dict[str, dict[str, Any]] = {}
