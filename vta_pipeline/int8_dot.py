@@ -252,13 +252,15 @@ def _all_blocks(sch, func_name: str) -> list:
     return out[1:]
 
 
+def reads_uint8_and_int8(block: Any) -> bool:
+    """Does this block (a TIR block statement) read uint8 and int8 operands: what the dot
+    product multiplies (signed data cannot take it)?"""
+    return {"uint8", "int8"} <= {str(r.source.dtype) for r in block.reads}
+
+
 def _multiplies_uint8(workload: Any) -> bool:
     """Does a block of the workload read uint8 and int8 operands (a dot-product candidate)?"""
     from tvm.s_tir import Schedule
 
     sch = Schedule(workload)
-    for block in sch.get_child_blocks(sch.get_sblock("root")):
-        dtypes = {str(r.source.dtype) for r in sch.get(block).reads}
-        if {"uint8", "int8"} <= dtypes:
-            return True
-    return False
+    return any(reads_uint8_and_int8(sch.get(b)) for b in sch.get_child_blocks(sch.get_sblock("root")))

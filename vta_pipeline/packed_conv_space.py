@@ -98,7 +98,7 @@ def _conv_block(sch) -> tuple[Any, str] | tuple[None, None]:
     if len(stmt.iter_vars) != 10:
         return None, None
     if stmt.name_hint == DOT_CONV:  # the dot product multiplies uint8 data: signed data keeps the generic space
-        return (block, "dot") if {"uint8", "int8"} <= {str(r.source.dtype) for r in stmt.reads} else (None, None)
+        return (block, "dot") if int8_dot.reads_uint8_and_int8(stmt) else (None, None)
     return (block, "float") if is_float else (None, None)
 
 
