@@ -6,7 +6,8 @@ measurements), and check what a tuned build keeps: the loop nest NeoCPU prescrib
 parallel outer loop, the reduction outside an unrolled register tile, the packed lanes
 vectorized, the epilogue fused into the tile's write-back, weights re-laid out for the
 nest), tiles that fit the CPU's vector registers, FMA on vector registers in the machine
-code, and a built network equal to PyTorch's output. The int8 convs of the x86 pack layout
+code, and a built network equal to PyTorch's output, also in blocks of 8 channels (what packs
+mobilenet_v2's 24- and 144-channel layers). The int8 convs of the x86 pack layout
 get the same nest around the CPU's dot product: tensorized (read off the assembly) and bit
 for bit equal to the integer emulation.
 """
@@ -28,7 +29,7 @@ from tvm.target import codegen
 
 from vta_pipeline import emulate, int8_dot, intrin_registry, packed_conv_space
 from vta_pipeline.build import LIB, build_network
-from vta_pipeline.passes.graph_pack import PackParams, graph_pack
+from vta_pipeline.passes.graph_pack import PackError, PackParams, graph_pack
 from vta_pipeline.passes.quantize import QuantizeParams, quantize
 from vta_pipeline.relax_pipeline import lower_for_tuning
 from vta_pipeline.tuning import design_space
@@ -312,6 +313,79 @@ def _commit_samples(lowered, spec, db_dir, seed: int, kinds: tuple[str, ...] = (
     return n
 
 
+# ---- 8-channel blocks: mobilenet_v2's early layers ------------------------------------------------
+class Bottlenecks(nn.Module):
+    """mobilenet_v2's first layers in small: a stem, a depthwise conv, linear bottlenecks of 24
+    channels (not a multiple of 16) expanded to 48, a strided depthwise conv, a residual add."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.project = nn.Conv2d(16, 24, 1)
+        self.expand = nn.Conv2d(24, 48, 1)
+        self.dw2 = nn.Conv2d(48, 48, 3, stride=2, padding=1, groups=48)
+        self.project2 = nn.Conv2d(48, 24, 1)
+        self.expand2 = nn.Conv2d(24, 48, 1)
+        self.dw3 = nn.Conv2d(48, 48, 3, padding=1, groups=48)
+        self.project3 = nn.Conv2d(48, 24, 1)
+
+    def forward(self, x):
+        r6 = nn.functional.relu6
+        x = self.project(r6(self.dw(r6(self.stem(x)))))
+        x = self.project2(r6(self.dw2(r6(self.expand(x)))))
+        x = x + self.project3(r6(self.dw3(r6(self.expand2(x)))))
+        return nn.functional.adaptive_avg_pool2d(x, 1)
+
+
+AFTER_THE_STEM = {"start_name": "nn.conv2d", "start_name_idx": 0}
+
+
+@pytest.fixture(scope="module")
+def bottlenecks():
+    intrin_registry.load()
+    model = randomize(Bottlenecks(), 0)
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype("float32")
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x)).numpy()
+    return to_relax(model, x), x, ref
+
+
+def test_blocks_of_8_channels_pack_the_layers_16_does_not_divide(bottlenecks):
+    mod, _, _ = bottlenecks
+    with pytest.raises(PackError, match=r"weight 24x16x1x1.*cfactor=16.*cfactor=8 divides"):
+        graph_pack(mod, PackParams(**AFTER_THE_STEM))
+    packed, report = graph_pack(mod, PackParams(cfactor=8, **AFTER_THE_STEM))
+    assert report.cfactor == 8 and sum("nn.conv2d" in op for op in report.packed_ops) == 8
+    lowered = lower_for_tuning(packed)
+    target = tvm.target.Target(HERE)
+    kinds = sorted(k for t in _tasks(lowered, HERE) if (k := packed_conv_space.conv_kind(t.dispatched[0], target)))
+    # every conv after the stem is in the packed space: five 1x1 convs (project3 with the
+    # residual add is a task of its own), three depthwise convs; the stem is the NCHW nest
+    assert kinds == ["depthwise"] * 3 + ["float"] * 5 + ["nchw"], kinds
+    for task in _packed_tasks(lowered, HERE):
+        for sch in _samples(task.dispatched[0], HERE, 2):
+            kind, pixels, chunks, chunk_lanes = packed_conv_space.tile_shape(sch)
+            # one AVX2 register per chunk: a tile of 1-4 chunks holds 8-32 output channels
+            assert chunk_lanes == 8 and packed_conv_space.tile_registers(sch, 8) == pixels * chunks + chunks + 1
+            assert "T.vectorized(T.int64(8))" in sch.mod.script()
+
+
+@pytest.mark.skipif(not host_has_avx2, reason="this CPU has no AVX2: the module cannot run here")
+def test_a_build_in_blocks_of_8_channels_equals_pytorch(bottlenecks, tmp_path):
+    mod, x, ref = bottlenecks
+    packed, _ = graph_pack(mod, PackParams(cfactor=8, **AFTER_THE_STEM))
+    lowered = lower_for_tuning(packed)
+    (tmp_path / "extract").mkdir()
+    (tmp_path / "extract" / "lowered.json").write_text(tvm.ir.save_json(lowered))
+    (tmp_path / "out").mkdir()
+    assert _commit_samples(lowered, HERE, tmp_path / "db", 3, kinds=("float", "nchw", "depthwise")) == 9
+    build_network(tmp_path / "extract", HERE, tmp_path / "out", best_db_dir=tmp_path / "db")
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "out" / LIB)), tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4)
+
+
 # ---- int8: the same nest around the dot product ---------------------------------------------------
 @pytest.fixture(scope="module")
 def int8_network():
@@ -409,3 +483,16 @@ def test_an_int8_conv_reading_signed_data_keeps_the_generic_space_and_computes_r
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "out" / LIB)), tvm.cpu())
     y_emu, _ = emulate.run(q, [x])
     assert np.array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), y_emu)
+
+
+def test_an_int8_conv_in_blocks_of_8_keeps_the_generic_space(int8_network):
+    # the dot product writes 16 output lanes: a packed int8 conv in blocks of 8 channels gets
+    # MetaSchedule's space (whose candidates it cannot fail), not this nest's tensorize
+    q, _, _, _ = int8_network
+    x86, report = graph_pack(q, PackParams(cfactor=8, stop_name="nn.relu", stop_name_idx=4, layout="x86"))
+    assert report.uint8_convs == 5
+    lowered = lower_for_tuning(x86)
+    target = tvm.target.Target(HERE)
+    dot = [t for t in _tasks(lowered, HERE) if "dot_packed" in t.task_name]
+    assert dot and {packed_conv_space.conv_kind(t.dispatched[0], target) for t in dot} == {None}
+    assert _samples(dot[0].dispatched[0], HERE, 1)

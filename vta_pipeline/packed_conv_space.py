@@ -97,8 +97,10 @@ def _conv_block(sch) -> tuple[Any, str] | tuple[None, None]:
         return (block, "nchw") if ok else (None, None)
     if len(stmt.iter_vars) != 10:
         return None, None
-    if stmt.name_hint == DOT_CONV:  # the dot product multiplies uint8 data: signed data keeps the generic space
-        return (block, "dot") if int8_dot.reads_uint8_and_int8(stmt) else (None, None)
+    if stmt.name_hint == DOT_CONV:  # the dot product multiplies uint8 data (signed data keeps the generic
+        # space) into 16 output lanes (a block of 8 channels keeps it too)
+        lanes = int(stmt.iter_vars[5].dom.extent)
+        return (block, "dot") if int8_dot.reads_uint8_and_int8(stmt) and lanes == int8_dot.LANES else (None, None)
     return (block, "float") if is_float else (None, None)
 
 

@@ -160,13 +160,21 @@ class GraphPacker(Rebuilder):
             "(--pack-start/--pack-stop and their indices; `vta-pipeline pack-points` lists them)."
         )
 
+    def _block_hint(self, *channels: int) -> str:
+        """The fix for channels the block does not divide: a smaller block that divides them
+        (float and VTA layouts; the x86 int8 layout's dot product takes blocks of 16)."""
+        if self.p.layout == "x86":
+            return ""
+        fits = [c for c in (8, 4) if c < self.p.cfactor and not any(n % c for n in channels)]
+        return f" (cfactor={fits[0]} divides them: --cfactor {fits[0]})" if fits else ""
+
     def _check_nchw(self, shape, op: OpInfo, what: str) -> None:
         b, c = self.p.bfactor, self.p.cfactor
         if shape is None or len(shape) != 4:
             raise self._fail(op, f"{what} has shape {shape}, not NCHW")
         if shape[0] % b or shape[1] % c:
             raise self._fail(op, f"{what} {'x'.join(map(str, shape))}: batch must be divisible by bfactor={b} "
-                                 f"and channels by cfactor={c}")
+                                 f"and channels by cfactor={c}" + self._block_hint(shape[1]))
 
     def pack(self, var: Any, op: OpInfo) -> Any:
         if var in self.packed:
@@ -255,7 +263,7 @@ class GraphPacker(Rebuilder):
         if groups == 1:
             if o % cf or i % cf:
                 raise self._fail(op, f"weight {o}x{i}x{kh}x{kw}: output and input channels must be divisible by "
-                                     f"cfactor={cf}")
+                                     f"cfactor={cf}" + self._block_hint(o, i))
             if self.p.layout == "x86":
                 r = DOT_REDUCE
                 wp = w.reshape(o // cf, cf, i // r, r, kh, kw).transpose(0, 2, 4, 5, 1, 3).copy()
@@ -266,7 +274,8 @@ class GraphPacker(Rebuilder):
                 klayout = packed_kernel_layout(cf)
         elif groups == cin == o and i == 1:
             if o % cf:
-                raise self._fail(op, f"depthwise weight {o}x1x{kh}x{kw}: channels must be divisible by cfactor={cf}")
+                raise self._fail(op, f"depthwise weight {o}x1x{kh}x{kw}: channels must be divisible by cfactor={cf}"
+                                     + self._block_hint(o))
             wp = w.reshape(o // cf, cf, 1, kh, kw).transpose(0, 2, 3, 4, 1).copy()
             klayout = packed_depthwise_kernel_layout(cf)
         else:
