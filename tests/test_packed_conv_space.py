@@ -36,6 +36,7 @@ from vta_pipeline.tuning import design_space
 
 HERE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # AVX2 (what CI and this machine run)
 SKYLAKE = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}  # AVX-512: compiled, not run
+CASCADELAKE = {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}  # AVX512-VNNI: compiled, not run
 host_has_avx2 = bool(codegen.target_has_features(
     ["avx2"], tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})))
 
@@ -485,14 +486,49 @@ def test_an_int8_conv_reading_signed_data_keeps_the_generic_space_and_computes_r
     assert np.array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), y_emu)
 
 
-def test_an_int8_conv_in_blocks_of_8_keeps_the_generic_space(int8_network):
-    # the dot product writes 16 output lanes: a packed int8 conv in blocks of 8 channels gets
-    # MetaSchedule's space (whose candidates it cannot fail), not this nest's tensorize
+@pytest.mark.parametrize("spec, intrin, instruction", [(HERE, int8_dot.AVX2_8, "vpmaddubsw"),
+                                                        (SKYLAKE, int8_dot.AVX2_8, "vpmaddubsw"),
+                                                        (CASCADELAKE, int8_dot.VNNI_8, "vpdpbusd")])
+def test_int8_convs_in_blocks_of_8_get_the_8_lane_dot_product(int8_network, tmp_path, spec, intrin, instruction):
+    # graph pack in blocks of 8 (mobilenet_v2's 24 and 144 channels): OIHW8o4i weights, the
+    # dot product over 8 int32 lanes (one 256-bit register), the same nest around it
     q, _, _, _ = int8_network
     x86, report = graph_pack(q, PackParams(cfactor=8, stop_name="nn.relu", stop_name_idx=4, layout="x86"))
     assert report.uint8_convs == 5
     lowered = lower_for_tuning(x86)
+    dot = _packed_tasks(lowered, spec, "dot")
+    assert sum(int(t.weight) for t in dot) == 5 and int8_dot.intrinsic_for(tvm.target.Target(spec), 8) == intrin
+    for sch in _samples(dot[0].dispatched[0], spec, 2):
+        assert packed_conv_space.tile_shape(sch)[3] == 8
+        body = sch.mod.script()
+        assert "int32x8" in body and "int32x16" not in body  # one 8-lane dot product per step
+    # and LLVM takes it: the instruction on 256-bit registers in every conv (compiled, not run)
+    assert _commit_samples(lowered, spec, tmp_path / "db", 4, kinds=("dot",)) == 4
+    target = tvm.target.Target(spec)
+    with target, ms.database.JSONDatabase(work_dir=str(tmp_path / "db")):
+        scheduled = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(lowered)
+    ex = tvm.compile(scheduled, target=target)
+    asm = ex.mod.imports[0].inspect_source("asm") if ex.mod.imports else ex.mod.inspect_source("asm")
+    on_ymm = re.findall(rf"{instruction}\s+[^\n]*%ymm", asm)
+    assert len(on_ymm) >= 4 and not re.search(rf"{instruction}\s+[^\n]*%zmm", asm)
+
+
+@pytest.mark.skipif(not host_has_avx2, reason="this CPU has no AVX2: the tensorized module cannot run here")
+def test_an_int8_build_in_blocks_of_8_is_bit_identical_to_the_emulation(int8_network, tmp_path):
+    q, _, x, _ = int8_network
+    x86, _ = graph_pack(q, PackParams(cfactor=8, stop_name="nn.relu", stop_name_idx=4, layout="x86"))
+    lowered = lower_for_tuning(x86)
+    (tmp_path / "extract").mkdir()
+    (tmp_path / "extract" / "lowered.json").write_text(tvm.ir.save_json(lowered))
+    (tmp_path / "out").mkdir()
+    assert _commit_samples(lowered, HERE, tmp_path / "db", 4, kinds=("dot",)) == 4
+    build_network(tmp_path / "extract", HERE, tmp_path / "out", best_db_dir=tmp_path / "db")
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "out" / LIB)), tvm.cpu())
+    y_emu, _ = emulate.run(q, [x])
+    assert np.array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), y_emu)
     target = tvm.target.Target(HERE)
-    dot = [t for t in _tasks(lowered, HERE) if "dot_packed" in t.task_name]
-    assert dot and {packed_conv_space.conv_kind(t.dispatched[0], target) for t in dot} == {None}
-    assert _samples(dot[0].dispatched[0], HERE, 1)
+    with target, ms.database.JSONDatabase(work_dir=str(tmp_path / "db")):
+        scheduled = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(lowered)
+    ex = tvm.compile(scheduled, target=target)
+    asm = ex.mod.imports[0].inspect_source("asm") if ex.mod.imports else ex.mod.inspect_source("asm")
+    assert len(re.findall(r"vpmaddubsw\s+[^\n]*%ymm", asm)) >= 5

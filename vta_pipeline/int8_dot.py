@@ -7,13 +7,17 @@ is 16 output lanes x 4 reduction steps:
     C[i] += int32(A[k]) * int32(B[i, k])     A: 4 x uint8, B: 16 x 4 int8 (contiguous), C: 16 x int32
 
 which the `x86` pack layout produces: weights `OIHW16o4i`, activations `NCHW1n16c` in uint8.
-Three implementations, picked by what the target's CPU has:
+A network packed in blocks of 8 channels (mobilenet_v2's 24 and 144) gets the same contract
+over 8 lanes (`OIHW8o4i`, `NCHW1n8c`): one 256-bit register of int32 sums.
+Three implementations of 16 lanes, picked by what the target's CPU has:
 - `vnni` (AVX512-VNNI, cascadelake and later): one `vpdpbusd`. TVM 0.27's registered
   intrinsic declares the operands as int32x16 and the wheel's LLVM 22 rejects the call
   ("Call parameter type does not match function signature"); it is re-registered here with
   the byte-vector types LLVM declares.
 - `avx512` (skylake-avx512): `vpmaddubsw` + `vpmaddwd` on 512-bit registers, as TVM's.
 - `avx2` (Haswell, Zen): the same pair on 256-bit registers, two halves of 8 lanes. Ours.
+And two of 8 lanes: `vnni` on 256-bit registers (AVX512-VL), and `avx2`'s one half (every
+other CPU with AVX2, AVX-512 ones included).
 `vpmaddubsw` adds two uint8 x int8 products into an int16 with saturation, so the AVX2
 and AVX-512 forms are exact only while |a0*b0 + a1*b1| <= 32767. The pack layout feeds
 them activations in [0, 127] (non-negative int8 values, the requantize clamp keeps
@@ -31,9 +35,12 @@ import threading
 from typing import Any
 
 LANES, REDUCE = 16, 4
+NARROW_LANES = 8  # the 8-lane form, for networks packed in blocks of 8 channels
 VNNI = "vta_pipeline.dot_16x4_vnni"
 AVX512 = "vta_pipeline.dot_16x4_avx512"
 AVX2 = "vta_pipeline.dot_16x4_avx2"
+VNNI_8 = "vta_pipeline.dot_8x4_vnni"
+AVX2_8 = "vta_pipeline.dot_8x4_avx2"
 
 _registered = False
 
@@ -119,14 +126,67 @@ def register() -> None:
                 T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"), hi, T.int16x16(1), dtype="int32x8",
             )
 
+    @T.prim_func(s_tir=True)
+    def desc_8(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((8, 4), "int8", offset_factor=1),
+        C: T.Buffer((8,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:8], A[0:4], B[0:8, 0:4])
+            T.writes(C[0:8])
+            for i in T.serial(0, 8):
+                for k in T.serial(0, 4):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+
+    @T.prim_func(s_tir=True)
+    def vnni_8_impl(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((8, 4), "int8", offset_factor=1),
+        C: T.Buffer((8,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:8], A[0:4], B[0:8, 0:4])
+            T.writes(C[0:8])
+            a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 8), dtype="int8x32")
+            C[T.ramp(T.int32(0), 1, 8)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.256"),
+                C.vload([0], dtype="int32x8"), a, B.vload([0, 0], dtype="int8x32"), dtype="int32x8",
+            )
+
+    @T.prim_func(s_tir=True)
+    def avx2_8_impl(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((8, 4), "int8", offset_factor=1),
+        C: T.Buffer((8,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:8], A[0:4], B[0:8, 0:4])
+            T.writes(C[0:8])
+            a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 8), dtype="uint8x32")
+            pairs = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.ub.sw"), a, B.vload([0, 0], dtype="int8x32"),
+                dtype="int16x16",
+            )
+            C[T.ramp(T.int32(0), 1, 8)] += T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"), pairs, T.int16x16(1), dtype="int32x8",
+            )
+
+    TensorIntrin.register(VNNI_8, desc_8, vnni_8_impl, override=True)
+    TensorIntrin.register(AVX2_8, desc_8, avx2_8_impl, override=True)
     TensorIntrin.register(VNNI, desc, vnni_impl, override=True)
     TensorIntrin.register(AVX512, desc, avx512_impl, override=True)
     TensorIntrin.register(AVX2, desc, avx2_impl, override=True)
     _registered = True
 
 
-def intrinsic_for(target: Any) -> str | None:
-    """The dot-product intrinsic this target's CPU runs, or None (not x86, or no AVX2)."""
+def intrinsic_for(target: Any, lanes: int = LANES) -> str | None:
+    """The dot-product intrinsic of `lanes` output lanes (16, or 8) this target's CPU runs, or
+    None (not x86, no AVX2, or another lane count)."""
+    if lanes not in (LANES, NARROW_LANES):
+        return None
     from tvm.target import codegen
 
     if target.kind.name != "llvm":
@@ -136,12 +196,12 @@ def intrinsic_for(target: Any) -> str | None:
         return None
     try:
         has = lambda feature: bool(codegen.target_has_features([feature], target))  # noqa: E731
-        if has("avx512vnni"):
-            return VNNI
-        if has("avx512bw"):
+        if has("avx512vnni") and (lanes == LANES or has("avx512vl")):
+            return VNNI if lanes == LANES else VNNI_8
+        if has("avx512bw") and lanes == LANES:
             return AVX512
         if has("avx2"):
-            return AVX2
+            return AVX2 if lanes == LANES else AVX2_8
     except Exception:  # noqa: BLE001 - an mcpu LLVM does not know: no tensorization, the default rules
         return None
     return None

@@ -98,10 +98,15 @@ def _conv_block(sch) -> tuple[Any, str] | tuple[None, None]:
     if len(stmt.iter_vars) != 10:
         return None, None
     if stmt.name_hint == DOT_CONV:  # the dot product multiplies uint8 data (signed data keeps the generic
-        # space) into 16 output lanes (a block of 8 channels keeps it too)
-        lanes = int(stmt.iter_vars[5].dom.extent)
-        return (block, "dot") if int8_dot.reads_uint8_and_int8(stmt) and lanes == int8_dot.LANES else (None, None)
+        # space) into 16 or 8 output lanes
+        ok = int8_dot.reads_uint8_and_int8(stmt) and _block_lanes(stmt) in (int8_dot.LANES, int8_dot.NARROW_LANES)
+        return (block, "dot") if ok else (None, None)
     return (block, "float") if is_float else (None, None)
+
+
+def _block_lanes(stmt) -> int:
+    """A packed conv block's output-channel lanes (the innermost extent of what it writes)."""
+    return int(stmt.writes[0].source.shape[-1])
 
 
 def _nchw_lanes(channels: int) -> int | None:
@@ -115,8 +120,9 @@ def conv_kind(workload: Any, target: Any) -> str | None:
 
     if target.kind.name != "llvm":
         return None
-    _, kind = _conv_block(Schedule(workload))
-    if kind == "dot" and int8_dot.intrinsic_for(target) is None:
+    sch = Schedule(workload)
+    block, kind = _conv_block(sch)
+    if kind == "dot" and int8_dot.intrinsic_for(target, _block_lanes(sch.get(block))) is None:
         return None
     return kind
 
@@ -163,7 +169,7 @@ def schedule(sch, intrin: str | None = None, pixel_tiles: bool = False) -> bool:
             ow_o, ow_i = _split_width(sch, ow)
             sch.reorder(b_o, c_o_o, oh_o, ow_o, k_o, d_i, d_j, k_i, oh_i, ow_i, c_o_i, b_i, c_i)
         else:  # the tensorized dot product takes no bounds check inside its block (whole tiles);
-            # its 16 lanes x 4 reduction steps stay innermost, as one block
+            # its 16 (or 8) lanes x 4 reduction steps stay innermost, as one block
             ow_o, ow_i = sch.split(ow, sch.sample_perfect_tile(ow, n=2, max_innermost_factor=MAX_REG_N))
             sch.reorder(b_o, c_o_o, oh_o, ow_o, k_o, d_i, d_j, oh_i, ow_i, c_o_i, b_i, c_i, k_i)
         tile = (oh_i, ow_i)
@@ -190,7 +196,7 @@ def schedule(sch, intrin: str | None = None, pixel_tiles: bool = False) -> bool:
     else:
         dot = sch.blockize(c_i)
         init = sch.decompose_reduction(dot, k_o)
-        (lanes,) = sch.get_child_blocks(init)  # the init of the 16 lanes, inside the blockized one
+        (lanes,) = sch.get_child_blocks(init)  # the init of the lanes, inside the blockized one
         sch.vectorize(sch.get_loops(lanes)[-1])
         sch.tensorize(dot, intrin)
     sch.vectorize(sch.get_loops(acc)[-1])
@@ -358,8 +364,8 @@ def tile_shape(sch) -> tuple[str, int, int, int]:
                 break
             pixels *= extent
         return kind, pixels, ext[-3], ext[-1]
-    if kind == "dot":      # oh_i, ow_i, oc_chunk_i, batch lane; the 16 lanes are in the blockized update
-        return kind, ext[-4] * ext[-3] * ext[-1], ext[-2], 16
+    if kind == "dot":      # oh_i, ow_i, oc_chunk_i, batch lane; the 16 or 8 lanes are in the blockized update
+        return kind, ext[-4] * ext[-3] * ext[-1], ext[-2], _block_lanes(sch.get(conv))
     if kind == "nchw":     # yy_i, xx_i, ff chunk, ff lane
         return kind, ext[-4] * ext[-3], ext[-2], ext[-1]
     return kind, ext[-4] * ext[-3] * ext[-2], 1, ext[-1]  # depthwise: oh_i, ow_i, batch lane, lanes
@@ -410,14 +416,18 @@ def register_limit(target: Any) -> Any:
     return RegisterLimit()
 
 
-def space_generator(target: Any, kind: str) -> Any:
-    """MetaSchedule's space generator for a task of `conv_kind` `kind` on `target`."""
+def space_generator(target: Any, kind: str, workload: Any = None) -> Any:
+    """MetaSchedule's space generator for a task of `conv_kind` `kind` on `target` (a "dot"
+    task's `workload` says which dot product: 16 or 8 lanes)."""
+    from tvm.s_tir import Schedule
     from tvm.s_tir import meta_schedule as ms
 
     intrin = None
     if kind == "dot":
         int8_dot.register()
-        intrin = int8_dot.intrinsic_for(target)
+        sch = Schedule(workload)
+        block, _ = _conv_block(sch)
+        intrin = int8_dot.intrinsic_for(target, _block_lanes(sch.get(block)))
     postprocs = [
         register_limit(target),
         ms.postproc.DisallowDynamicLoop(),

@@ -154,7 +154,7 @@ def design_space(target: Any, workload_mod: Any, failures: int8_dot.TensorizeFai
     for everything else."""
     kind = packed_conv_space.conv_kind(workload_mod, target)
     if kind is not None:
-        return packed_conv_space.space_generator(target, kind)
+        return packed_conv_space.space_generator(target, kind, workload_mod)
     return int8_dot.space_generator(target, workload_mod, failures)
 
 

@@ -162,10 +162,9 @@ class GraphPacker(Rebuilder):
 
     def _block_hint(self, *channels: int) -> str:
         """The fix for channels the block does not divide: a smaller block that divides them
-        (float and VTA layouts; the x86 int8 layout's dot product takes blocks of 16)."""
-        if self.p.layout == "x86":
-            return ""
-        fits = [c for c in (8, 4) if c < self.p.cfactor and not any(n % c for n in channels)]
+        (the x86 int8 layout's dot product takes blocks of 16 or 8)."""
+        smaller = (8,) if self.p.layout == "x86" else (8, 4)
+        fits = [c for c in smaller if c < self.p.cfactor and not any(n % c for n in channels)]
         return f" (cfactor={fits[0]} divides them: --cfactor {fits[0]})" if fits else ""
 
     def _check_nchw(self, shape, op: OpInfo, what: str) -> None:
