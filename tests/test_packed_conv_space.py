@@ -277,11 +277,7 @@ def _over_rows(sch) -> bool:
 def test_the_kernels_are_fused_multiply_adds_on_vector_registers(network, tmp_path, spec, register):
     lowered, _, _ = network
     _commit_samples(lowered, spec, tmp_path / "db", seed=5, kinds=("float", "nchw"))
-    target = tvm.target.Target(spec)
-    with target, ms.database.JSONDatabase(work_dir=str(tmp_path / "db")):
-        scheduled = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(lowered)
-    ex = tvm.compile(scheduled, target=target)
-    asm = ex.mod.imports[0].inspect_source("asm") if ex.mod.imports else ex.mod.inspect_source("asm")
+    asm = _tuned_asm(lowered, spec, tmp_path / "db")
     fmas = re.findall(rf"vfmadd\w+ps\s+[^\n]*%{register}", asm)
     assert len(fmas) >= 16, f"{len(fmas)} vector FMAs on {register}"
 
@@ -298,6 +294,15 @@ def test_a_tuned_build_from_the_space_equals_pytorch(network, tmp_path, seed):
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "out" / LIB)), tvm.cpu())
     out = vm["main"](tvm.runtime.tensor(x)).numpy()
     np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4)
+
+
+def _tuned_asm(lowered, spec, db_dir) -> str:
+    """The assembly of `lowered` built with the records in `db_dir` (the build step's lowering)."""
+    target = tvm.target.Target(spec)
+    with target, ms.database.JSONDatabase(work_dir=str(db_dir)):
+        scheduled = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(lowered)
+    ex = tvm.compile(scheduled, target=target)
+    return ex.mod.imports[0].inspect_source("asm") if ex.mod.imports else ex.mod.inspect_source("asm")
 
 
 def _commit_samples(lowered, spec, db_dir, seed: int, kinds: tuple[str, ...] = ("float",)) -> int:
@@ -430,11 +435,7 @@ def test_an_int8_build_from_the_space_is_bit_identical_to_the_emulation(int8_net
     out = vm["main"](tvm.runtime.tensor(x)).numpy()
     y_emu, _ = emulate.run(q, [x])
     assert np.array_equal(out, y_emu)
-    target = tvm.target.Target(HERE)
-    with target, ms.database.JSONDatabase(work_dir=str(tmp_path / "db")):
-        scheduled = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(lowered)
-    ex = tvm.compile(scheduled, target=target)
-    asm = ex.mod.imports[0].inspect_source("asm") if ex.mod.imports else ex.mod.inspect_source("asm")
+    asm = _tuned_asm(lowered, HERE, tmp_path / "db")
     assert asm.count("vpmaddubsw") >= 5
 
 
@@ -504,11 +505,7 @@ def test_int8_convs_in_blocks_of_8_get_the_8_lane_dot_product(int8_network, tmp_
         assert "int32x8" in body and "int32x16" not in body  # one 8-lane dot product per step
     # and LLVM takes it: the instruction on 256-bit registers in every conv (compiled, not run)
     assert _commit_samples(lowered, spec, tmp_path / "db", 4, kinds=("dot",)) == 4
-    target = tvm.target.Target(spec)
-    with target, ms.database.JSONDatabase(work_dir=str(tmp_path / "db")):
-        scheduled = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(lowered)
-    ex = tvm.compile(scheduled, target=target)
-    asm = ex.mod.imports[0].inspect_source("asm") if ex.mod.imports else ex.mod.inspect_source("asm")
+    asm = _tuned_asm(lowered, spec, tmp_path / "db")
     on_ymm = re.findall(rf"{instruction}\s+[^\n]*%ymm", asm)
     assert len(on_ymm) >= 4 and not re.search(rf"{instruction}\s+[^\n]*%zmm", asm)
 
@@ -526,9 +523,5 @@ def test_an_int8_build_in_blocks_of_8_is_bit_identical_to_the_emulation(int8_net
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "out" / LIB)), tvm.cpu())
     y_emu, _ = emulate.run(q, [x])
     assert np.array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), y_emu)
-    target = tvm.target.Target(HERE)
-    with target, ms.database.JSONDatabase(work_dir=str(tmp_path / "db")):
-        scheduled = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(lowered)
-    ex = tvm.compile(scheduled, target=target)
-    asm = ex.mod.imports[0].inspect_source("asm") if ex.mod.imports else ex.mod.inspect_source("asm")
+    asm = _tuned_asm(lowered, HERE, tmp_path / "db")
     assert len(re.findall(r"vpmaddubsw\s+[^\n]*%ymm", asm)) >= 5

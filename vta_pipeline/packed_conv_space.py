@@ -122,9 +122,14 @@ def conv_kind(workload: Any, target: Any) -> str | None:
         return None
     sch = Schedule(workload)
     block, kind = _conv_block(sch)
-    if kind == "dot" and int8_dot.intrinsic_for(target, _block_lanes(sch.get(block))) is None:
+    if kind == "dot" and _dot_intrinsic(sch, block, target) is None:
         return None
     return kind
+
+
+def _dot_intrinsic(sch, block, target: Any) -> str | None:
+    """The dot-product intrinsic for this packed int8 conv block's lanes (16 or 8) on `target`."""
+    return int8_dot.intrinsic_for(target, _block_lanes(sch.get(block)))
 
 
 def design_spaces(sch, intrin: str | None = None) -> list:
@@ -426,8 +431,7 @@ def space_generator(target: Any, kind: str, workload: Any = None) -> Any:
     if kind == "dot":
         int8_dot.register()
         sch = Schedule(workload)
-        block, _ = _conv_block(sch)
-        intrin = int8_dot.intrinsic_for(target, _block_lanes(sch.get(block)))
+        intrin = _dot_intrinsic(sch, _conv_block(sch)[0], target)
     postprocs = [
         register_limit(target),
         ms.postproc.DisallowDynamicLoop(),
