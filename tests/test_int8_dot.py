@@ -135,6 +135,29 @@ def test_uint8_only_where_the_input_is_provably_non_negative():
     assert np.array_equal(build_run(packed, x), y_emu)
 
 
+def _signed_conv(weight_min: int):
+    """max_pool -> 1x1 conv -> relu on an int8 input (signed data), one weight set to `weight_min`."""
+    w = np.random.default_rng(0).integers(-127, 128, (16, 16, 1, 1)).astype("int8")
+    w[3, 5] = weight_min
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 8, 8), "int8"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            p = bb.emit(relax.op.nn.max_pool2d(x, (1, 1)))
+            c = bb.emit(relax.op.nn.conv2d(p, relax.const(w), out_dtype="int32"))
+            out = bb.emit_output(bb.emit(relax.op.nn.relu(c)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_signed_data_needs_weights_in_minus_127_to_127():
+    # the signed dot product flips each weight's sign with its activation's: -128 has no flip
+    packed, rep = graph_pack(_signed_conv(-127), PackParams(stop_name="nn.relu", layout="x86"))
+    assert rep.uint8_convs == 0 and [str(c.call.args[0].ty.dtype) for c in packed_convs(packed)] == ["int8"]
+    with pytest.raises(PackError, match=r"nn.conv2d\[0\].*weights hold -128.*\[-127, 127\].*--pack-layout vta"):
+        graph_pack(_signed_conv(-128), PackParams(stop_name="nn.relu", layout="x86"))
+
+
 def test_x86_layout_needs_a_channel_block_of_fours(blocks):
     q, _ = blocks
     with pytest.raises(PackError, match="cfactor=6 is not divisible by 4"):
@@ -156,6 +179,55 @@ def test_x86_layout_needs_a_channel_block_of_fours(blocks):
 ])
 def test_the_intrinsic_follows_the_cpu(spec, expected):
     assert int8_dot.intrinsic_for(tvm.target.Target(spec)) == expected
+    signed = int8_dot.intrinsic_for(tvm.target.Target(spec), signed=True)  # int8 data: the same ISA's signed form
+    assert signed == (expected and expected.replace("16x4_", "16x4_s8_"))
+
+
+def _dot_kernel(lanes: int, signed: bool, spec) -> tuple[str, object]:
+    """A 32 x 64 by 64 x `lanes` int8 matrix product, its reduction tensorized with the
+    target's dot product over `lanes` lanes (uint8 data, or int8 if `signed`), compiled."""
+    from tvm import te
+
+    a = te.placeholder((32, 64), "int8" if signed else "uint8", name="a")
+    b = te.placeholder((16, lanes, 4), "int8", name="b")  # the packed weights' 4i innermost
+    k = te.reduce_axis((0, 64), name="k")
+    c = te.compute((32, lanes), lambda n, i: te.sum(a[n, k].astype("int32") * b[k // 4, i, k % 4].astype("int32"),
+                                                    axis=k), name="c")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([a, b, c]))
+    n, i, kk = sch.get_loops(sch.get_sblock("c"))
+    k_o, k_i = sch.split(kk, [None, 4])
+    sch.reorder(n, k_o, i, k_i)
+    sch.decompose_reduction(sch.get_sblock("c"), k_o)
+    name = int8_dot.intrinsic_for(tvm.target.Target(spec), lanes, signed)
+    sch.tensorize(i, name)
+    return name, tvm.compile(sch.mod, target=tvm.target.Target(spec))
+
+
+@pytest.mark.parametrize("lanes", [16, 8])
+@pytest.mark.parametrize("signed", [False, True])
+def test_every_dot_product_form_is_exact_at_its_operand_extremes(lanes, signed):
+    """vpmaddubsw saturates a pair of products at 32767: the uint8 forms stay under it for
+    data in [0, 127], the signed forms (|a| times b with a's sign) for any int8 data, weights
+    in [-127, 127]. Extremes of both in every row and lane, against numpy in int64."""
+    int8_dot.register()
+    rng = np.random.default_rng(lanes + signed)
+    lo = -128 if signed else 0
+    a = rng.integers(lo, 128, (32, 64)).astype("int8" if signed else "uint8")
+    a[0], a[1] = lo, 127
+    a[2, ::2], a[2, 1::2] = lo, 127
+    b = rng.integers(-127, 128, (16, lanes, 4)).astype("int8")
+    b[:, 0], b[:, 1] = -127, 127
+    b[:, 2, ::2], b[:, 2, 1::2] = -127, 127
+    ref = a.astype(np.int64) @ b.transpose(0, 2, 1).reshape(64, lanes).astype(np.int64)
+    for spec in (HERE, {"kind": "llvm", "mcpu": "skylake-avx512"}, CASCADELAKE):
+        name, lib = _dot_kernel(lanes, signed, spec)
+        asm = lib.mod.inspect_source("asm") if hasattr(lib, "mod") else lib.inspect_source("asm")
+        assert ("vpdpbusd" if "vnni" in name else "vpmaddubsw") in asm
+        assert ("_s8_" in name) == signed and (not signed or "vpsignb" in asm or "vpabsb" in asm)
+        if spec is HERE and host_has_avx2:  # the others compiled, not run
+            c = tvm.runtime.tensor(np.zeros((32, lanes), "int32"))
+            lib(tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
+            assert np.array_equal(c.numpy(), ref)
 
 
 def test_only_uint8_by_int8_workloads_get_the_dot_product_rule(blocks):

@@ -9,23 +9,33 @@ is 16 output lanes x 4 reduction steps:
 which the `x86` pack layout produces: weights `OIHW16o4i`, activations `NCHW1n16c` in uint8.
 A network packed in blocks of 8 channels (mobilenet_v2's 24 and 144) gets the same contract
 over 8 lanes (`OIHW8o4i`, `NCHW1n8c`): one 256-bit register of int32 sums.
-Three implementations of 16 lanes, picked by what the target's CPU has:
-- `vnni` (AVX512-VNNI, cascadelake and later): one `vpdpbusd`. TVM 0.27's registered
-  intrinsic declares the operands as int32x16 and the wheel's LLVM 22 rejects the call
-  ("Call parameter type does not match function signature"); it is re-registered here with
-  the byte-vector types LLVM declares.
-- `avx512` (skylake-avx512): `vpmaddubsw` + `vpmaddwd` on 512-bit registers, as TVM's.
-- `avx2` (Haswell, Zen): the same pair on 256-bit registers, two halves of 8 lanes. Ours.
-And two of 8 lanes: `vnni` on 256-bit registers (AVX512-VL), and `avx2`'s one half (every
-other CPU with AVX2, AVX-512 ones included).
+Three implementations, picked by what the target's CPU has:
+- `vnni` (AVX512-VNNI, cascadelake and later): one `vpdpbusd` per 16 lanes on 512-bit
+  registers, or per 8 lanes on 256-bit ones (AVX512-VL). TVM 0.27's registered intrinsic
+  declares the operands as int32x16 and the wheel's LLVM 22 rejects the call ("Call
+  parameter type does not match function signature"); ours uses the byte-vector types LLVM
+  declares.
+- `avx512` (skylake-avx512, 16 lanes): `vpmaddubsw` + `vpmaddwd` on 512-bit registers.
+- `avx2` (Haswell, Zen; and the 8-lane form on AVX-512 CPUs without VNNI): the same pair on
+  256-bit registers, one per 8 lanes.
 `vpmaddubsw` adds two uint8 x int8 products into an int16 with saturation, so the AVX2
 and AVX-512 forms are exact only while |a0*b0 + a1*b1| <= 32767. The pack layout feeds
 them activations in [0, 127] (non-negative int8 values, the requantize clamp keeps
 |x| <= 127) and weights in [-127, 127]: 2 * 127 * 127 = 32258. VNNI has no such limit.
 
+Signed activations (mobilenet_v2's expansions read a linear bottleneck's output) take the
+same instructions through the sign identity a * b = |a| * (sign(a) * b): the data's
+magnitudes are uint8 (|-128| = 128 fits), and each weight takes its activation's sign
+(`vpsignb` on 256-bit registers; a compare and a masked subtract on 512-bit ones, which
+have no `vpsignb`). |a| <= 128 and |sign(a) * b| <= 127 keep a pair within
+2 * 128 * 127 = 32512, so it is exact for any int8 data and weights in [-127, 127] (a -128
+weight would flip to itself; quantize clips weights to +-127 and graph pack refuses a
+signed-data conv whose weights hold -128). Two more operations per step than the uint8
+form, instead of MetaSchedule's generic space.
+
 MetaSchedule replays the intrinsic by name (tuning and the tuned build), so `register()`
-must run in both processes; builder workers receive already-lowered candidates. All four
-are defined here rather than imported from `tvm.s_tir.tensor_intrin`, whose import parses
+must run in both processes; builder workers receive already-lowered candidates. All are
+defined here rather than imported from `tvm.s_tir.tensor_intrin`, whose import parses
 every intrinsic TVM ships (tens of seconds on this machine).
 """
 
@@ -36,11 +46,21 @@ from typing import Any
 
 LANES, REDUCE = 16, 4
 NARROW_LANES = 8  # the 8-lane form, for networks packed in blocks of 8 channels
-VNNI = "vta_pipeline.dot_16x4_vnni"
-AVX512 = "vta_pipeline.dot_16x4_avx512"
-AVX2 = "vta_pipeline.dot_16x4_avx2"
-VNNI_8 = "vta_pipeline.dot_8x4_vnni"
-AVX2_8 = "vta_pipeline.dot_8x4_avx2"
+ISAS = ("vnni", "avx512", "avx2")
+
+
+def intrinsic_name(isa: str, lanes: int = LANES, signed: bool = False) -> str:
+    """The registered name of the dot product of `lanes` lanes on `isa`; `signed`: int8 data."""
+    return f"vta_pipeline.dot_{lanes}x4{'_s8' if signed else ''}_{isa}"
+
+
+VNNI = intrinsic_name("vnni")
+AVX512 = intrinsic_name("avx512")
+AVX2 = intrinsic_name("avx2")
+VNNI_8 = intrinsic_name("vnni", NARROW_LANES)
+AVX2_8 = intrinsic_name("avx2", NARROW_LANES)
+# (lanes, isa) pairs registered: 16 lanes on each ISA, 8 lanes on 256-bit registers
+_FORMS = ((LANES, "vnni"), (LANES, "avx512"), (LANES, "avx2"), (NARROW_LANES, "vnni"), (NARROW_LANES, "avx2"))
 
 _registered = False
 
@@ -51,140 +71,96 @@ def register() -> None:
     if _registered:
         return
     from tvm.s_tir import TensorIntrin
-    from tvm.script import tirx as T
 
-    @T.prim_func(s_tir=True)
-    def desc(
-        A: T.Buffer((4,), "uint8", offset_factor=1),
-        B: T.Buffer((16, 4), "int8", offset_factor=1),
-        C: T.Buffer((16,), "int32", offset_factor=1),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-            T.writes(C[0:16])
-            for i in T.serial(0, 16):
-                for k in T.serial(0, 4):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, k])
-                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
-
-    @T.prim_func(s_tir=True)
-    def avx512_impl(
-        A: T.Buffer((4,), "uint8", offset_factor=1),
-        B: T.Buffer((16, 4), "int8", offset_factor=1),
-        C: T.Buffer((16,), "int32", offset_factor=1),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-            T.writes(C[0:16])
-            a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 16), dtype="uint8x64")
-            pairs = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.pmaddubs.w.512"), a, B.vload([0, 0], dtype="int8x64"),
-                dtype="int16x32",
-            )
-            C[T.ramp(T.int32(0), 1, 16)] += T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.pmaddw.d.512"), pairs, T.int16x32(1), dtype="int32x16",
-            )
-
-    @T.prim_func(s_tir=True)
-    def vnni_impl(
-        A: T.Buffer((4,), "uint8", offset_factor=1),
-        B: T.Buffer((16, 4), "int8", offset_factor=1),
-        C: T.Buffer((16,), "int32", offset_factor=1),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-            T.writes(C[0:16])
-            a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 16), dtype="int8x64")
-            C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
-                C.vload([0], dtype="int32x16"), a, B.vload([0, 0], dtype="int8x64"), dtype="int32x16",
-            )
-
-    @T.prim_func(s_tir=True)
-    def avx2_impl(
-        A: T.Buffer((4,), "uint8", offset_factor=1),
-        B: T.Buffer((16, 4), "int8", offset_factor=1),
-        C: T.Buffer((16,), "int32", offset_factor=1),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-            T.writes(C[0:16])
-            a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 8), dtype="uint8x32")
-            lo = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.ub.sw"), a, B.vload([0, 0], dtype="int8x32"),
-                dtype="int16x16",
-            )
-            hi = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.ub.sw"), a, B.vload([8, 0], dtype="int8x32"),
-                dtype="int16x16",
-            )
-            C[T.ramp(T.int32(0), 1, 8)] += T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"), lo, T.int16x16(1), dtype="int32x8",
-            )
-            C[T.ramp(T.int32(8), 1, 8)] += T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"), hi, T.int16x16(1), dtype="int32x8",
-            )
-
-    @T.prim_func(s_tir=True)
-    def desc_8(
-        A: T.Buffer((4,), "uint8", offset_factor=1),
-        B: T.Buffer((8, 4), "int8", offset_factor=1),
-        C: T.Buffer((8,), "int32", offset_factor=1),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:8], A[0:4], B[0:8, 0:4])
-            T.writes(C[0:8])
-            for i in T.serial(0, 8):
-                for k in T.serial(0, 4):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, k])
-                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
-
-    @T.prim_func(s_tir=True)
-    def vnni_8_impl(
-        A: T.Buffer((4,), "uint8", offset_factor=1),
-        B: T.Buffer((8, 4), "int8", offset_factor=1),
-        C: T.Buffer((8,), "int32", offset_factor=1),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:8], A[0:4], B[0:8, 0:4])
-            T.writes(C[0:8])
-            a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 8), dtype="int8x32")
-            C[T.ramp(T.int32(0), 1, 8)] = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.256"),
-                C.vload([0], dtype="int32x8"), a, B.vload([0, 0], dtype="int8x32"), dtype="int32x8",
-            )
-
-    @T.prim_func(s_tir=True)
-    def avx2_8_impl(
-        A: T.Buffer((4,), "uint8", offset_factor=1),
-        B: T.Buffer((8, 4), "int8", offset_factor=1),
-        C: T.Buffer((8,), "int32", offset_factor=1),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:8], A[0:4], B[0:8, 0:4])
-            T.writes(C[0:8])
-            a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 8), dtype="uint8x32")
-            pairs = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.ub.sw"), a, B.vload([0, 0], dtype="int8x32"),
-                dtype="int16x16",
-            )
-            C[T.ramp(T.int32(0), 1, 8)] += T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"), pairs, T.int16x16(1), dtype="int32x8",
-            )
-
-    TensorIntrin.register(VNNI_8, desc_8, vnni_8_impl, override=True)
-    TensorIntrin.register(AVX2_8, desc_8, avx2_8_impl, override=True)
-    TensorIntrin.register(VNNI, desc, vnni_impl, override=True)
-    TensorIntrin.register(AVX512, desc, avx512_impl, override=True)
-    TensorIntrin.register(AVX2, desc, avx2_impl, override=True)
+    for lanes, isa in _FORMS:
+        for signed in (False, True):
+            TensorIntrin.register(intrinsic_name(isa, lanes, signed), _desc(lanes, signed),
+                                  _impl(lanes, isa, signed), override=True)
     _registered = True
 
 
-def intrinsic_for(target: Any, lanes: int = LANES) -> str | None:
-    """The dot-product intrinsic of `lanes` output lanes (16, or 8) this target's CPU runs, or
-    None (not x86, no AVX2, or another lane count)."""
+def _desc(lanes: int, signed: bool) -> Any:
+    """The contract: C[i] += A[k] * B[i, k] over `lanes` x 4, A uint8 (int8 if `signed`)."""
+    from tvm.script import tirx as T
+
+    data = "int8" if signed else "uint8"
+
+    @T.prim_func(s_tir=True)
+    def desc(
+        A: T.Buffer((4,), data, offset_factor=1),
+        B: T.Buffer((lanes, 4), "int8", offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.writes(C[0:lanes])
+            for i in T.serial(0, lanes):
+                for k in T.serial(0, 4):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+
+    return desc
+
+
+def _impl(lanes: int, isa: str, signed: bool) -> Any:
+    """The contract on `isa`'s instructions: one step per 16 (512-bit) or 8 (256-bit) lanes."""
+    from tvm.script import tirx as T
+
+    data = "int8" if signed else "uint8"
+    step = 16 if isa == "avx512" or (isa == "vnni" and lanes == LANES) else 8
+    steps = lanes // step
+
+    @T.prim_func(s_tir=True)
+    def impl(
+        A: T.Buffer((4,), data, offset_factor=1),
+        B: T.Buffer((lanes, 4), "int8", offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.writes(C[0:lanes])
+            for s in T.unroll(steps):
+                C[T.ramp(s * step, 1, step)] = _step(A, B, C, s * step, step, isa, signed)
+
+    return impl
+
+
+def _step(A: Any, B: Any, C: Any, lo: Any, step: int, isa: str, signed: bool) -> Any:
+    """C[lo : lo + step] plus the 4-deep dot products of A with B's rows lo .. lo + step."""
+    from tvm import tirx
+    from tvm.script import tirx as T
+
+    nbytes = 4 * step
+    bits = 32 * step
+    # the 4 data bytes, repeated once per int32 lane
+    a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], f"{A.dtype}x4"), dtype="int32"), step),
+                      dtype=f"int8x{nbytes}")
+    b = B.vload([lo, 0], dtype=f"int8x{nbytes}")
+    if signed:  # |a| * (sign(a) * b)
+        if bits == 256:
+            psign = T.llvm_lookup_intrinsic_id("llvm.x86.avx2.psign.b")
+            a, b = (T.call_llvm_pure_intrin(psign, a, a, dtype=f"int8x{nbytes}"),
+                    T.call_llvm_pure_intrin(psign, b, a, dtype=f"int8x{nbytes}"))
+        else:
+            negative = a < T.broadcast(T.int8(0), nbytes)
+            zero = T.broadcast(T.int8(0), nbytes)
+            a, b = tirx.Select(negative, zero - a, a), tirx.Select(negative, zero - b, b)
+    acc = C.vload([lo], dtype=f"int32x{step}")
+    if isa == "vnni":
+        return T.call_llvm_pure_intrin(
+            T.llvm_lookup_intrinsic_id(f"llvm.x86.avx512.vpdpbusd.{bits}"), acc, a, b, dtype=f"int32x{step}")
+    madd_ub, madd_wd = (("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512") if bits == 512 else
+                        ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"))
+    pairs = T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(madd_ub), T.reinterpret(a, dtype=f"uint8x{nbytes}"), b,
+                                    dtype=f"int16x{2 * step}")
+    return acc + T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(madd_wd), pairs,
+                                         T.broadcast(T.int16(1), 2 * step), dtype=f"int32x{step}")
+
+
+def intrinsic_for(target: Any, lanes: int = LANES, signed: bool = False) -> str | None:
+    """The dot-product intrinsic of `lanes` output lanes (16, or 8) this target's CPU runs, for
+    uint8 data (int8 if `signed`), or None (not x86, no AVX2, or another lane count)."""
     if lanes not in (LANES, NARROW_LANES):
         return None
     from tvm.target import codegen
@@ -197,11 +173,11 @@ def intrinsic_for(target: Any, lanes: int = LANES) -> str | None:
     try:
         has = lambda feature: bool(codegen.target_has_features([feature], target))  # noqa: E731
         if has("avx512vnni") and (lanes == LANES or has("avx512vl")):
-            return VNNI if lanes == LANES else VNNI_8
+            return intrinsic_name("vnni", lanes, signed)
         if has("avx512bw") and lanes == LANES:
-            return AVX512
+            return intrinsic_name("avx512", lanes, signed)
         if has("avx2"):
-            return AVX2 if lanes == LANES else AVX2_8
+            return intrinsic_name("avx2", lanes, signed)
     except Exception:  # noqa: BLE001 - an mcpu LLVM does not know: no tensorization, the default rules
         return None
     return None

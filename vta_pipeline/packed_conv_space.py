@@ -44,7 +44,8 @@ build time; int8 weights already are in the dot product's `OIHW16o4i`.
 
 What it applies to (`conv_kind`), on CPU targets: a task whose one reduction block is a conv
 of graph pack: VTA's `conv2d_packed` compute in float32 (graph pack of a float network), the
-x86 layout's `conv2d_dot_packed` (uint8 x int8) on a CPU with a dot-product intrinsic, a
+x86 layout's `conv2d_dot_packed` (int8 weights, uint8 or int8 data) on a CPU with a
+dot-product intrinsic, a
 packed depthwise conv (same nest, no channel reduction); or a plain NCHW float stem conv (an
 image's few input channels, output channels filling whole vectors: the same nest over 16 or 8
 output lanes). Everything else keeps the spaces it had
@@ -78,11 +79,10 @@ MAX_STEM_CHANNELS = 4
 
 def _conv_block(sch) -> tuple[Any, str] | tuple[None, None]:
     """The workload's conv block and its kind, if it has exactly one this space schedules:
-    "float" (packed, float), "dot" (packed, uint8 x int8), "depthwise" (packed), "nchw" (a
-    plain NCHW float stem conv: at most 4 input channels, output channels in multiples of 8).
-    A packed int8 conv whose data graph pack could not prove unsigned (mobilenet_v2's 1x1
-    convs after a linear bottleneck read int8) is none of them: the CPU's dot product takes
-    uint8 data only, and tensorizing it failed the whole tuning run."""
+    "float" (packed, float), "dot" (packed, int8 weights times uint8 data, or int8 data where
+    graph pack could not prove it non-negative: mobilenet_v2's 1x1 convs after a linear
+    bottleneck), "depthwise" (packed), "nchw" (a plain NCHW float stem conv: at most 4 input
+    channels, output channels in multiples of 8)."""
     found = [(b, sch.get(b)) for b in sch.get_child_blocks(sch.get_sblock("root"))
              if sch.get(b).name_hint in (PACKED_CONV, DOT_CONV, NCHW_CONV, PACKED_DEPTHWISE)]
     if len(found) != 1:
@@ -97,11 +97,17 @@ def _conv_block(sch) -> tuple[Any, str] | tuple[None, None]:
         return (block, "nchw") if ok else (None, None)
     if len(stmt.iter_vars) != 10:
         return None, None
-    if stmt.name_hint == DOT_CONV:  # the dot product multiplies uint8 data (signed data keeps the generic
-        # space) into 16 or 8 output lanes
-        ok = int8_dot.reads_uint8_and_int8(stmt) and _block_lanes(stmt) in (int8_dot.LANES, int8_dot.NARROW_LANES)
+    if stmt.name_hint == DOT_CONV:  # int8 weights times uint8 or int8 data, into 16 or 8 output lanes
+        ok = _dot_operands(stmt) is not None and _block_lanes(stmt) in (int8_dot.LANES, int8_dot.NARROW_LANES)
         return (block, "dot") if ok else (None, None)
     return (block, "float") if is_float else (None, None)
+
+
+def _dot_operands(stmt) -> str | None:
+    """A packed int8 conv block's data type ("uint8", or "int8": signed data), or None when its
+    operands are not int8 weights and 8-bit data."""
+    dtypes = {str(r.source.dtype) for r in stmt.reads}
+    return {frozenset({"uint8", "int8"}): "uint8", frozenset({"int8"}): "int8"}.get(frozenset(dtypes))
 
 
 def _block_lanes(stmt) -> int:
@@ -128,8 +134,10 @@ def conv_kind(workload: Any, target: Any) -> str | None:
 
 
 def _dot_intrinsic(sch, block, target: Any) -> str | None:
-    """The dot-product intrinsic for this packed int8 conv block's lanes (16 or 8) on `target`."""
-    return int8_dot.intrinsic_for(target, _block_lanes(sch.get(block)))
+    """The dot-product intrinsic for this packed int8 conv block's lanes (16 or 8) and data
+    (uint8, or signed int8) on `target`."""
+    stmt = sch.get(block)
+    return int8_dot.intrinsic_for(target, _block_lanes(stmt), signed=_dot_operands(stmt) == "int8")
 
 
 def design_spaces(sch, intrin: str | None = None) -> list:

@@ -16,7 +16,9 @@ that names the operator, its index and its shapes, raised before any tuning.
 `layout="x86"` keeps the activations' layout but packs weights as `OIHW{c}o4i` and feeds
 int8 convs whose input is provably in [0, 127] (interval analysis, `value_range`) that
 input cast to uint8: the operands of the CPU's int8 dot product (see `int8_dot`), which
-VTA's `OIHW{c}o{c}i` cannot use. Values and results are identical to the VTA layout's.
+VTA's `OIHW{c}o{c}i` cannot use. Other int8 convs keep int8 data (the dot product's signed
+form), whose weights must lie in [-127, 127]. Values and results are identical to the VTA
+layout's.
 
 `start_name_idx` / `stop_name_idx` pick the k-th occurrence of the name (0-based);
 `nn.global_avg_pool2d` also matches Relax's forms of it (`mean` over H and W,
@@ -268,6 +270,10 @@ class GraphPacker(Rebuilder):
                 wp = w.reshape(o // cf, cf, i // r, r, kh, kw).transpose(0, 2, 4, 5, 1, 3).copy()
                 klayout = dot_kernel_layout(cf)
                 x = self._unsigned(call.args[0], x)
+                if str(w.dtype) == "int8" and dtype_of(x) == "int8" and int(w.min()) < -127:
+                    raise self._fail(op, "its data can be negative and its int8 weights hold -128: the CPU's dot "
+                                         "product for signed data takes weights in [-127, 127] (quantize them "
+                                         "symmetrically, as vta-pipeline's quantize does, or use --pack-layout vta)")
             else:
                 wp = w.reshape(o // cf, cf, i // cf, cf, kh, kw).transpose(0, 2, 4, 5, 1, 3).copy()
                 klayout = packed_kernel_layout(cf)
