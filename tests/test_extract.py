@@ -20,6 +20,23 @@ def test_micronet_tasks_and_workloads(micronet):
     assert len(select_tasks(tasks, "conv2d")) == 2 < len(select_tasks(tasks, "all"))
 
 
+def test_auto_tunes_what_runs_on_the_cpu():
+    from vta_pipeline.extract import TaskInfo
+
+    def task(name: str, op: str) -> TaskInfo:
+        return TaskInfo(index=0, name=name, weight=1, flops=1.0, file=f"{name}.json", workload_hash=name, op=op)
+
+    stem, dense, quant = task("conv2d1", "conv2d"), task("fused_matmul_add", "dense"), task("fused_round_clip", "other")
+    vta = [stem, task("fused_conv2d_packed", "packed_conv2d"), dense, quant]
+    x86 = [stem, task("fused_conv2d_dot_packed1_add5", "packed_conv2d"), dense, quant]
+    # VTA's recipe: only the packed convs (the rest runs on the board's CPU)
+    assert [t.name for t in select_tasks(vta, "auto")] == ["fused_conv2d_packed"]
+    # the x86 layout runs wholly on the CPU: the classifier and the quantize are tuned too
+    assert select_tasks(x86, "auto") == x86 == select_tasks(x86, "all")
+    assert select_tasks(vta, "auto", packed_float=True) == vta
+    assert [t.name for t in select_tasks(x86, "conv2d")] == ["conv2d1", "fused_conv2d_dot_packed1_add5"]
+
+
 def test_tinynet_strided_conv_and_batch_norm_folded(session_store, host_target):
     fetched = steps.fetch_step(session_store, ModelConfig(source="builtin", name="tinynet"))
     tasks = load_tasks(steps.extract_step(session_store, fetched, host_target).path)
