@@ -46,7 +46,6 @@ from typing import Any
 
 LANES, REDUCE = 16, 4
 NARROW_LANES = 8  # the 8-lane form, for networks packed in blocks of 8 channels
-ISAS = ("vnni", "avx512", "avx2")
 
 
 def intrinsic_name(isa: str, lanes: int = LANES, signed: bool = False) -> str:
