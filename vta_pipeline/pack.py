@@ -17,7 +17,7 @@ from .errors import UserError
 from .vta_config import VTAConfig
 
 STEP = "pack"
-VERSION = 1
+VERSION = 2  # 2: the start operator's elementwise tail stays unpacked (fused with it)
 
 
 def pack_params(pack: PackConfig, vta: VTAConfig):
