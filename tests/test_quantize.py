@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from int8_nets import Blocks, build_run, randomize, to_relax, train_small_cnn
 
 from vta_pipeline import emulate
 from vta_pipeline.config import ModelConfig, QuantizeConfig
 from vta_pipeline.errors import ConfigError
-from vta_pipeline.passes.graph import op_sequence
-from vta_pipeline.passes.quantize import QuantizeParams, quantize
+from vta_pipeline.passes.graph import dtype_of, op_sequence
+from vta_pipeline.passes.quantize import QuantizeParams, Quantizer, quantize
 from vta_pipeline.quantize import calibrate
 
 
@@ -79,6 +80,48 @@ def test_skip_conv_layers_keeps_those_convs_float(blocks):
     convs = [o for o in op_sequence(q) if o.name == "nn.conv2d"]
     dtypes = [str(o.var.ty.dtype) for o in convs]
     assert dtypes[0] == dtypes[3] == "float32" and dtypes.count("int32") == 5
+
+
+def _pool_input_dtypes(mod):
+    return [dtype_of(o.call.args[0]) for o in op_sequence(mod) if o.name == "nn.max_pool2d"]
+
+
+def test_a_float_max_pool_whose_output_is_only_quantized_pools_the_int8_values(blocks):
+    """resnet18's shape: a float stem conv (skipped), relu, max pool, then quantized convs and
+    a residual add. Quantizing before the pool gives the same values (quantizing is
+    monotonic), fuses the quantize into the stem conv's kernel and pools int8."""
+    from vta_pipeline.relax_pipeline import lower_for_tuning
+
+    mod, x = blocks
+    params = QuantizeParams(skip_conv_layers=(0,))
+    q, _ = quantize(mod, params)
+    pool_after = Quantizer(params).run(mod)  # the rule off: the float pool, quantized after it
+    assert _pool_input_dtypes(q) == ["int8"] and _pool_input_dtypes(pool_after) == ["float32"]
+    y = build_run(q, x)
+    assert np.array_equal(y, build_run(pool_after, x))
+    assert np.array_equal(y, emulate.run(q, [x])[0])
+    stem = [gv.name_hint for gv in lower_for_tuning(q).functions if gv.name_hint.startswith("fused_conv2d_")]
+    assert any("round" in f and f.endswith("cast1") for f in stem), stem  # the stem's kernel quantizes
+
+
+class _PoolAlsoReadFloat(torch.nn.Module):
+    """A pooled value that a quantized conv reads and a float mean reads too."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.c = torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x):
+        p = torch.nn.functional.max_pool2d(torch.relu(self.stem(x)), 2)
+        return torch.relu(self.c(p)), p.mean((2, 3))
+
+
+def test_a_max_pool_that_a_float_op_also_reads_stays_float():
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype("float32")
+    mod = to_relax(randomize(_PoolAlsoReadFloat(), 0), x)
+    assert _pool_input_dtypes(quantize(mod, QuantizeParams(skip_conv_layers=(0,)))[0]) == ["float32"]
+    # the stem quantized: the pool reads its int32 accumulator, as before
+    assert _pool_input_dtypes(quantize(mod, QuantizeParams(skip_conv_layers=()))[0]) == ["int32"]
 
 
 def test_weight_scales_are_powers_of_two_that_use_the_int8_range(blocks):

@@ -287,10 +287,12 @@ def _all_blocks(sch, func_name: str) -> list:
     return out[1:]
 
 
-def reads_uint8_and_int8(block: Any) -> bool:
-    """Does this block (a TIR block statement) read uint8 and int8 operands: what the dot
-    product multiplies (signed data cannot take it)?"""
-    return {"uint8", "int8"} <= {str(r.source.dtype) for r in block.reads}
+def dot_operands(block: Any) -> str | None:
+    """The data type of a dot-product block (a TIR block statement that reads int8 weights and
+    8-bit data, nothing else): "uint8", or "int8" for signed data (the sign-identity forms);
+    None for any other block."""
+    dtypes = frozenset(str(r.source.dtype) for r in block.reads)
+    return {frozenset({"uint8", "int8"}): "uint8", frozenset({"int8"}): "int8"}.get(dtypes)
 
 
 def _multiplies_uint8(workload: Any) -> bool:
@@ -298,4 +300,4 @@ def _multiplies_uint8(workload: Any) -> bool:
     from tvm.s_tir import Schedule
 
     sch = Schedule(workload)
-    return any(reads_uint8_and_int8(sch.get(b)) for b in sch.get_child_blocks(sch.get_sblock("root")))
+    return any(dot_operands(sch.get(b)) == "uint8" for b in sch.get_child_blocks(sch.get_sblock("root")))

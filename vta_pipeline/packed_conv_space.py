@@ -98,16 +98,9 @@ def _conv_block(sch) -> tuple[Any, str] | tuple[None, None]:
     if len(stmt.iter_vars) != 10:
         return None, None
     if stmt.name_hint == DOT_CONV:  # int8 weights times uint8 or int8 data, into 16 or 8 output lanes
-        ok = _dot_operands(stmt) is not None and _block_lanes(stmt) in (int8_dot.LANES, int8_dot.NARROW_LANES)
+        ok = int8_dot.dot_operands(stmt) is not None and _block_lanes(stmt) in (int8_dot.LANES, int8_dot.NARROW_LANES)
         return (block, "dot") if ok else (None, None)
     return (block, "float") if is_float else (None, None)
-
-
-def _dot_operands(stmt) -> str | None:
-    """A packed int8 conv block's data type ("uint8", or "int8": signed data), or None when its
-    operands are not int8 weights and 8-bit data."""
-    dtypes = {str(r.source.dtype) for r in stmt.reads}
-    return {frozenset({"uint8", "int8"}): "uint8", frozenset({"int8"}): "int8"}.get(frozenset(dtypes))
 
 
 def _block_lanes(stmt) -> int:
@@ -137,7 +130,7 @@ def _dot_intrinsic(sch, block, target: Any) -> str | None:
     """The dot-product intrinsic for this packed int8 conv block's lanes (16 or 8) and data
     (uint8, or signed int8) on `target`."""
     stmt = sch.get(block)
-    return int8_dot.intrinsic_for(target, _block_lanes(stmt), signed=_dot_operands(stmt) == "int8")
+    return int8_dot.intrinsic_for(target, _block_lanes(stmt), signed=int8_dot.dot_operands(stmt) == "int8")
 
 
 def design_spaces(sch, intrin: str | None = None) -> list:

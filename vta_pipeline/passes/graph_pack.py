@@ -150,9 +150,8 @@ class GraphPacker(Rebuilder):
         self.info = {o.var: o for o in self.ops}
         bindings = main_bindings(mod)
         pos = {b.var: i for i, b in enumerate(bindings)}
-        self.lo = pos[self.region.start.var]
         self.hi = pos[self.region.stop.var] if self.region.stop else len(bindings)
-        self.lo = self._elementwise_tail(bindings, self.lo)
+        self.lo = self._elementwise_tail(bindings, pos[self.region.start.var])  # the last op left unpacked
         self.packed: dict[Any, Any] = {}
         self.unpacked: dict[Any, Any] = {}
         self.layout = packed_data_layout(p.bfactor, p.cfactor)

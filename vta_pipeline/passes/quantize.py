@@ -8,6 +8,8 @@ The arithmetic is what VTA executes (and what `relay.quantize` produced for it):
 - bias adds become int32 adds of the bias rounded at the accumulator's exponent; relu,
   relu6 (clip), max pool, avg pool (int32, truncating division), residual adds and
   concats (operands shifted to the coarser exponent) stay in int32;
+- a float max pool whose output is only ever quantized (resnet18's after its float stem)
+  pools the quantized int8 value instead: the same values, since quantizing is monotonic;
 - entering the next quantized conv, an int32 value is requantized as VTA's ALU does it:
   add the rounding bias 2^(k-1), right_shift by k, clamp with minimum/maximum (R.clip
   would stop operator fusion), cast to int8; a float value is rounded at 2^a and clamped;
@@ -107,6 +109,49 @@ def quantization_points(mod: tvm.IRModule) -> list[Any]:
     return points
 
 
+def quantized_only(mod: tvm.IRModule, skip_conv_layers: tuple[int, ...]) -> set[Any]:
+    """Variables every use of which quantizes them: the data of a conv that is quantized (not
+    in `skip_conv_layers`), an operand of an add or a concat. A float max pool producing
+    one of them can run on the int8 value instead (see `Quantizer.rewrite`); any other use
+    (the output, a float op) would then read a dequantized value where it read the float one."""
+    uses: dict[Any, list[bool]] = {}
+    tuples: dict[Any, Any] = {}
+    conv = 0
+
+    def use(expr: Any, quantizes: bool) -> None:
+        if isinstance(expr, relax.Var):
+            if expr in tuples:
+                for f in tuples[expr].fields:
+                    use(f, quantizes)
+            uses.setdefault(expr, []).append(quantizes)
+        elif isinstance(expr, relax.Tuple):
+            for f in expr.fields:
+                use(f, quantizes)
+
+    bindings = main_bindings(mod)
+    for b in bindings:
+        v = b.value
+        if isinstance(v, relax.Tuple):
+            tuples[b.var] = v
+            continue
+        name = op_name(v)
+        if name == "nn.conv2d":
+            use(v.args[0], conv not in skip_conv_layers and const_value(v.args[1]) is not None)
+            conv += 1
+            args = v.args[1:]
+        elif name in ("add", "concat"):
+            for a in v.args:
+                use(a, True)
+            continue
+        else:
+            args = v.args if isinstance(v, relax.Call) else [v]
+        for a in args:
+            use(a, False)
+    body = mod["main"].body
+    use(body.body, False)
+    return {var for var, q in uses.items() if all(q)}
+
+
 def _i32(x: int) -> relax.Expr:
     return relax.const(int(x), "int32")
 
@@ -122,6 +167,7 @@ class Quantizer(Rebuilder):
         self.req: dict[tuple[Any, int], Any] = {}
         self.conv_index = 0
         self.layers: list[LayerRecord] = []
+        self.quantize_before_pool: set[Any] = set()  # see `quantized_only`
 
     # ---- values ----------------------------------------------------------------------------------
     def lookup(self, expr: Any) -> Any:
@@ -219,6 +265,16 @@ class Quantizer(Rebuilder):
             hi_q = min(int(np.round(hi * s)), 2**31 - 1) if math.isfinite(hi) else 2**31 - 1
             base = qv.expr if qv.dtype == "int32" else relax.op.astype(qv.expr, "int32")
             return self._set(var, self.emit(self._clamp(base, lo_q, hi_q, "int32"), name_hint), qv.exp)
+        if name == "nn.max_pool2d" and not quant[0] and var in self.quantize_before_pool \
+                and dtype_of(v.args[0]) == "float32":
+            # A float max pool whose output is only ever quantized: quantize its input instead.
+            # Exact: rounding and clamping are monotonic, so the max of the quantized values is
+            # the quantized max (the pool pads with the dtype's minimum, below -qmax). The
+            # quantize then fuses into the producer (resnet18's stem conv, bias, relu) and the
+            # pool moves int8, 4x fewer bytes.
+            exp = self._exp_for(var)
+            new = relax.Call(v.op, [self._to_int8(v.args[0], exp)], v.attrs, v.ty_args)
+            return self._set(var, self.emit(new, name_hint), exp, "int8")
         if name == "nn.max_pool2d" and quant[0]:
             qv = self.q[v.args[0]]
             new = relax.Call(v.op, [qv.expr], v.attrs, v.ty_args)
@@ -272,6 +328,7 @@ class Quantizer(Rebuilder):
 def quantize(mod: tvm.IRModule, params: QuantizeParams) -> tuple[tvm.IRModule, list[LayerRecord]]:
     """Quantize a BN-folded float module (see `fold_batch_norm`); returns it and the layer table."""
     q = Quantizer(params)
+    q.quantize_before_pool = quantized_only(mod, params.skip_conv_layers)
     out = q.run(mod)
     return out, q.layers
 
