@@ -172,15 +172,7 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
     def meta(ref):
         return json.loads((store.root / "steps" / ref["step"] / ref["key"] / "manifest.json").read_text())["meta"]
 
-    by_name = {t.name: t for t in tasks}
-    task_results = []
-    for ref in tuned:
-        s = _summary(store, ref)
-        if ref != first_refs[s["task"]]:  # tuned in both rounds: this run's trials are both rounds'
-            s["trials_this_run"] += _summary(store, first_refs[s["task"]])["trials_this_run"]
-        info = by_name.get(s["task"])
-        s.update({"weight": info.weight if info else 1, "workload": info.workload if info else None})
-        task_results.append(s)
+    task_results = report.task_results(tasks, refs, first_refs, lambda ref: _summary(store, ref))
     result = report.make_result(run_id, cfg.model_dump(mode="json"), meta(fetched), task_results,
                                 meta(ev_untuned), meta(ev_tuned), time.time() - t0)
     result.update(night=cfg.tune.session or history.night_of(t0), session=cfg.tune.session, target_id=target.id)

@@ -70,3 +70,33 @@ def test_cache_keys_follow_content_and_config(session_store, micronet, host_targ
     assert k == steps.tune_key(session_store, task, host_target, TuneConfig(trials_per_task=4), m, "k")
     # extraction depends on the imported model's content id, not on how it was named
     assert steps.extract_key(session_store, fetched.id, host_target) == extracted.key
+
+
+def test_a_cached_tuning_named_by_another_network_is_reported_under_this_runs_name(micronet, tuned,
+                                                                                  session_store):
+    """Tuning outcomes are stored by workload: another network (or another version of this
+    one) that has the same workload under another name finds them cached. Its run reports
+    them under its own task names and weights; a task tuned in two rounds counts both."""
+    import dataclasses
+    import json
+
+    from vta_pipeline.report import task_results
+
+    _, extracted = micronet
+    tasks = [t for t in load_tasks(extracted.path) if t.op == "conv2d"]
+    elsewhere = [dataclasses.replace(t, name=f"fused_elsewhere{i}", weight=3) for i, t in enumerate(tasks)]
+    refs = {t.name: a.ref() for t, a in zip(elsewhere, tuned)}
+
+    def summary(ref):
+        return json.loads((session_store.root / "steps" / "tune" / ref["key"] / "summary.json").read_text())
+
+    rows = task_results(elsewhere, refs, dict(refs), summary)
+    assert [r["task"] for r in rows] == ["fused_elsewhere0", "fused_elsewhere1"]
+    assert [r["tuned_as"] for r in rows] == [t.name for t in tasks]
+    own = [summary(a.ref())["trials_this_run"] for a in tuned]
+    assert [r["weight"] for r in rows] == [3, 3] and [r["trials_this_run"] for r in rows] == own
+    # the first task tuned again in a second round: its trials this run are both rounds'
+    first = {**refs, "fused_elsewhere0": tuned[1].ref()}
+    assert task_results(elsewhere, refs, first, summary)[0]["trials_this_run"] == own[0] + own[1]
+    assert "tuned_as" not in task_results(tasks, {t.name: a.ref() for t, a in zip(tasks, tuned)},
+                                          {t.name: a.ref() for t, a in zip(tasks, tuned)}, summary)[0]

@@ -10,10 +10,34 @@ import io
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .records import keeps_default
 from .store import ArtifactStore, atomic_write_text
+
+
+def task_results(tasks: list[Any], refs: dict[str, Any], first_refs: dict[str, Any],
+                 summary: Callable[[Any], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each task's tuning summary for a run's result, under this run's task name and weight.
+
+    `refs` / `first_refs`: each task's tuning outcome (by this run's task name) after all
+    rounds / after the first; `summary` reads an outcome's summary. Tuning outcomes are
+    stored by workload, so a cached one may come from another network, or another version
+    of this one, that named the same workload differently (resnet18's classifier was
+    `fused_matmul_add201` in one store's int8 run, `fused_matmul_add2` in its fp32 run):
+    the run reports it under its own name, and keeps the other as `tuned_as`. A task tuned
+    in both rounds counts both rounds' trials as this run's."""
+    out = []
+    for t in tasks:
+        s = dict(summary(refs[t.name]))
+        if s.get("task") != t.name:
+            s["tuned_as"] = s.get("task")
+        s["task"] = t.name
+        if refs[t.name] != first_refs[t.name]:
+            s["trials_this_run"] += summary(first_refs[t.name])["trials_this_run"]
+        s.update(weight=t.weight, workload=t.workload)
+        out.append(s)
+    return out
 
 
 def make_result(run_id: str, config: dict[str, Any], fetched_meta: dict[str, Any], tasks: list[dict[str, Any]],
