@@ -39,23 +39,14 @@ def test_a_default_local_board_runs_kernels_on_every_core_of_this_machine(tmp_pa
         assert board_threads(b.host, b.port, b.key) == 1
 
 
-@pytest.mark.slow
-def test_top_candidates_retimed_quietly_agree_with_their_tuning_latency(session_store, host_target, tmp_path):
-    """tinynet's 32->32 3x3 conv at 32x32 (a tenth of a millisecond tuned): big enough that a
-    measurement is the kernel, not the placement of its buffers (micronet's 15 us convs moved
-    by +-13% between two allocations of the same code)."""
+def _tuning_vs_quiet(extracted, task, host_target, measure, tmp_path) -> list[float]:
+    """Tune `task` 16 trials on a fresh local board, then retime its top 5 candidates there
+    quietly: each candidate's tuning latency over its quiet time."""
     import tvm
     from tvm import rpc
     from tvm.s_tir import meta_schedule as ms
 
-    from vta_pipeline.config import ModelConfig
-
-    fetched = steps.fetch_step(session_store, ModelConfig(source="builtin", name="tinynet"))
-    extracted = steps.extract_step(session_store, fetched, host_target)
-    task = max((t for t in load_tasks(extracted.path) if t.op == "conv2d" and t.workload[3] == 32),
-               key=lambda t: t.flops)
     work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
-    measure = MeasureConfig()  # the defaults a run measures with
     with LocalBoard(key="quiet", registry=tmp_path / "registry", log_dir=tmp_path / "logs") as b:
         threads = board_threads(b.host, b.port, b.key)  # as the flow reads it before tuning
         out = tune_task(extracted.path / task.file, task.name, task.flops, task.workload_hash,
@@ -85,6 +76,29 @@ def test_top_candidates_retimed_quietly_agree_with_their_tuning_latency(session_
             quiet = statistics.median(timer(*args).results)
             tuned = statistics.fmean(float(s) for s in rec.run_secs)
             ratios.append(tuned / quiet)
+    return ratios
+
+
+@pytest.mark.slow
+def test_top_candidates_retimed_quietly_agree_with_their_tuning_latency(session_store, host_target, tmp_path):
+    """tinynet's 32->32 3x3 conv at 32x32 (a tenth of a millisecond tuned): big enough that a
+    measurement is the kernel, not the placement of its buffers (micronet's 15 us convs moved
+    by +-13% between two allocations of the same code)."""
+    from vta_pipeline.config import ModelConfig
+
+    fetched = steps.fetch_step(session_store, ModelConfig(source="builtin", name="tinynet"))
+    extracted = steps.extract_step(session_store, fetched, host_target)
+    task = max((t for t in load_tasks(extracted.path) if t.op == "conv2d" and t.workload[3] == 32),
+               key=lambda t: t.flops)
+    measure = MeasureConfig()  # the defaults a run measures with
+    # Tuning and the quiet retime are a minute apart, and this shared host's speed moves 1.4x
+    # within minutes: a landing CI run saw a median of 1.44 that a rerun alone did not. So a
+    # pair out of the band is measured once more, from a fresh tuning (a real bias, which the
+    # band is for, fails both times).
+    for attempt in range(2):
+        ratios = _tuning_vs_quiet(extracted, task, host_target, measure, tmp_path / f"attempt{attempt}")
+        if 0.9 <= statistics.median(ratios) <= 1.1:
+            break
     # Together they agree within 10%: two servers timing against each other put candidates
     # 1.1x-3.0x off, all in the same direction, which moves the median. One candidate alone is
     # one sample of 3 x 40 ms on a shared 2-vCPU VM, whose neighbours moved the same ONNX
