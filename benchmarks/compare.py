@@ -647,6 +647,10 @@ def main() -> None:
                     help="trials per task of the tuning-cost runs (default: the first --trials budget)")
     ap.add_argument("--allocation", default="latency", choices=["flat", "latency"],
                     help="how each TVM row's budget is spread over its tasks (the pipeline's --allocation)")
+    ap.add_argument("--records-library", default="off",
+                    help="where workloads the store never measured start (the pipeline's --records-library): off "
+                         "(default: the curve from a cold start), builtin (the records shipped for this CPU class), "
+                         "or a directory")
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--stock-bare", action="store_true",
                     help="also time a bare loop with MetaSchedule's stock builder, runner and search (4 min "
@@ -664,7 +668,7 @@ def main() -> None:
     t_start = time.time()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
     meta = {"commit": commit.strip(), "threads": args.threads, "trials_per_task": args.trials, "runs": args.runs,
-            "allocation": args.allocation,
+            "allocation": args.allocation, "records_library": args.records_library,
             **machine.cpu(), "date": time.strftime("%Y-%m-%d %H:%M")}
     previous = args.out / "compare.json"
     if args.resume and previous.exists():
@@ -743,8 +747,9 @@ def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int]
     one board keeps one: a workload two of them share (resnet18's float stem conv, in fp32
     and in int8) is tuned once, and the cost model learns from all of them. Each task still
     gets exactly the stated number of its own trials."""
-    extra = ([] if kind == "fp32" else ["--pack", *MODELS[name]["pack"]] if kind == "fp32-packed"
-             else ["--vta", "--pack-layout", kind, *MODELS[name]["int8"]])
+    extra = ["--records-library", args.records_library, *(
+        [] if kind == "fp32" else ["--pack", *MODELS[name]["pack"]] if kind == "fp32-packed"
+        else ["--vta", "--pack-layout", kind, *MODELS[name]["int8"]])]
     label = ({"fp32": FP32_LAYOUTS["nchw"], "fp32-packed": FP32_LAYOUTS["packed"].format(block=fp32_block(name))}
              .get(kind) or INT8_LAYOUTS.get(kind))
     key = {"fp32": "fp32", "fp32-packed": "fp32 packed"}.get(kind, f"int8 {kind}")
@@ -772,7 +777,22 @@ def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int]
         curve.setdefault("tuning_s", []).append([trials, so_far])
         curve["estimated"] = estimated_curve(r["result"], tuned["median_ms"], flat=args.allocation == "flat")
         avg = " on average" if args.allocation == "latency" else ""
+        lib = library_note(r["result"])
+        if lib:  # a point that started from the records library stands on the trials behind it too
+            curve.setdefault("library", []).append([trials, lib])
+            avg += f" + records library: {lib['trials_behind']:.0f} trials/task from {', '.join(lib['commits'])}"
         add(name, f"{label} ({trials} trials/task{avg})", tuned)
+
+
+def library_note(result: dict[str, Any]) -> dict[str, Any] | None:
+    """Which of a run's tasks started from the records library, and the trials behind them
+    (measured where the library was built: a curve built over sessions counts them)."""
+    seeded = [t["library"] for t in result["tasks"] if t.get("library")]
+    if not seeded:
+        return None
+    return {"tasks_seeded": len(seeded), "tasks": len(result["tasks"]),
+            "trials_behind": sum(x.get("measured") or 0 for x in seeded) / len(result["tasks"]),
+            "commits": sorted({str(x.get("commit")) for x in seeded}), "cpus": sorted({str(x.get("cpu")) for x in seeded})}
 
 
 def overhead_runs(args, res: dict[str, Any], one: Any, trials: int) -> None:

@@ -90,6 +90,21 @@ class TuneConfig(_Strict):
         "from earlier sessions (the Parquet history); 0 = cold start.",
     )
 
+    records_library: str = Field(
+        "builtin",
+        description="Where a workload the store has no records of starts its search (vta_pipeline.records_library): "
+        "'builtin' = the records shipped with the package for this CPU class, 'off', or a directory written by "
+        "`vta-pipeline library export`. Its records are measured on this board first, never trusted for their "
+        "time; warm_start 0 turns it off too.")
+
+    @field_validator("records_library")
+    @classmethod
+    def _library(cls, v):
+        if v not in ("builtin", "off") and not Path(v).expanduser().is_dir():
+            raise ValueError(f"records_library {v!r} is not a directory: pass one written by "
+                             "`vta-pipeline library export --out DIR`, 'builtin' or 'off'")
+        return v
+
     @field_validator("session")
     @classmethod
     def _session(cls, v):

@@ -154,6 +154,9 @@ def recipe_rows(result: dict[str, Any]) -> list[list[str]]:
         if t.get("warm_start"):
             reached = t.get("reached_previous_best_at")
             warm = f"{t['warm_start']} records" + (f", previous best at trial {reached}" if reached else "")
+        elif t.get("library"):
+            lib = t["library"]
+            warm = f"library: {lib.get('records')} records ({lib.get('cpu')}, {lib.get('commit')})"
         rows.append([
             str(i), t["task"],
             f"{t['best_latency_ms']:.4f}" if t.get("best_latency_ms") else "-",

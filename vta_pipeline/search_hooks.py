@@ -23,9 +23,10 @@ from .workload_keys import HASH_MASK  # schedule hashes as unsigned 64-bit, as t
 
 
 def make_guarded_search(inner, *, known_hashes: set[int], early_stopping: int | None,
-                         fail_fast: int, best0: float, since_best0: int):
+                         fail_fast: int, best0: float, since_best0: int, first: list | None = None):
     """`fail_fast`: stop after this many failed measurements in a row (a broken setup if
-    nothing was measured yet, lost boards otherwise)."""
+    nothing was measured yet, lost boards otherwise). `first`: measure candidates proposed
+    before the search's own (the records library's), those not measured yet."""
     from tvm_ffi import structural_hash
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
@@ -45,6 +46,8 @@ def make_guarded_search(inner, *, known_hashes: set[int], early_stopping: int | 
             self.errors: list[str] = []
             self.stop_reason: str | None = None
             self.max_trials = 1 << 30  # set by pre_tuning
+            self.first = list(first or [])
+            self.outside: set[int] = set()  # hashes of the candidates the inner search did not propose
 
         def _initialize_with_tune_context(self, context) -> None:
             self.inner._initialize_with_tune_context(context)
@@ -64,27 +67,38 @@ def make_guarded_search(inner, *, known_hashes: set[int], early_stopping: int | 
             room = self.max_trials - self.run_valid - self.run_failed
             if room <= 0:
                 return None
+            if self.first:
+                batch = self._fresh(self.first)[:room]
+                self.first = []
+                if batch:
+                    self.outside.update(structural_hash(c.sch.mod) & HASH_MASK for c in batch)
+                    return batch
             for _ in range(4):  # the inner search may propose only known schedules for a while
                 cands = self.inner.generate_measure_candidates()
                 if cands is None:
                     self.stop_reason = "search-exhausted"
                     return None
-                fresh, seen = [], set()
-                for c in cands:
-                    h = structural_hash(c.sch.mod) & HASH_MASK
-                    if h in self.known or h in seen:
-                        continue
-                    seen.add(h)
-                    fresh.append(c)
+                fresh = self._fresh(cands)
                 if fresh:
                     return fresh[:room]
                 self.inner.notify_runner_results(cands, [])
             self.stop_reason = "search-exhausted"
             return None
 
+        def _fresh(self, cands) -> list:
+            fresh, seen = [], set()
+            for c in cands:
+                h = structural_hash(c.sch.mod) & HASH_MASK
+                if h in self.known or h in seen:
+                    continue
+                seen.add(h)
+                fresh.append(c)
+            return fresh
+
         def notify_runner_results(self, measure_candidates, results) -> None:
-            for c, r in zip(measure_candidates, results):
-                self.known.add(structural_hash(c.sch.mod) & HASH_MASK)
+            hashes = [structural_hash(c.sch.mod) & HASH_MASK for c in measure_candidates]
+            for h, r in zip(hashes, results):
+                self.known.add(h)
                 secs = mean_secs(r.run_secs) if r.error_msg is None else FAILED
                 if secs >= FAILED:
                     self.run_failed += 1
@@ -99,7 +113,10 @@ def make_guarded_search(inner, *, known_hashes: set[int], early_stopping: int | 
                     self.best, self.since_best = secs, 0
                 else:
                     self.since_best += 1
-            self.inner.notify_runner_results(measure_candidates, results)
+            # the inner search learns of the others' results from the database and cost model;
+            # told of candidates it never proposed, it would count them against its own trials
+            if not (hashes and hashes[0] in self.outside):
+                self.inner.notify_runner_results(measure_candidates, results)
             if self.failed_in_row >= fail_fast:
                 self.stop_reason = "all-failed"
             elif early_stopping and self.since_best >= early_stopping and self.best < FAILED:

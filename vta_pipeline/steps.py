@@ -17,7 +17,7 @@ from typing import Any, Callable
 from . import build as build_mod
 from . import evaluate as eval_mod
 from . import extract as extract_mod
-from . import history
+from . import history, records_library
 from . import importers
 from . import pack as pack_mod
 from . import quantize as quantize_mod
@@ -202,12 +202,16 @@ def tune_step(
         # search; their best latency is what this session is measured against.
         seeds, previous_best, seed_hashes = history.best_records(
             store.root, task.workload_hash, target.id, board.key, tune.warm_start, exclude_session=tune.session)
+        # A workload the store never measured starts from the records library (its CPU class's).
+        library = (records_library.seeds(records_library.resolve(tune.records_library), task.workload_hash, target,
+                                         min(tune.warm_start, records_library.PER_WORKLOAD))
+                   if tune.warm_start and not seeds else None)
         outcome = tuning.tune_task(
             extracted.path / task.file, task.name, task.flops, task.workload_hash,
             target.full_json, board, tune, measure, work, progress,
             seeds=seeds if tune.warm_start else None, previous_best_ms=previous_best,
             seed_hashes=seed_hashes if tune.warm_start else None,
-            cross_compiler=target.cross_compiler,
+            cross_compiler=target.cross_compiler, library=library,
         )
         for name in ("database_workload.json", "database_tuning_record.json", "trials.jsonl"):
             if (work / name).exists():

@@ -74,6 +74,7 @@ class TuneOutcome:
     previous_best_ms: float | None = None  # best of the workload in earlier sessions (history)
     reached_previous_best_at: int | None = None  # first trial of the session at or below previous_best_ms
     threads: int | None = None  # threads the board measured with (its own report), CPU targets
+    library: dict[str, Any] | None = None  # records-library seeds measured first: their provenance
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,6 +99,7 @@ def tune_task(
     previous_best_ms: float | None = None,
     cross_compiler: str | None = None,
     seed_hashes: list[str] | None = None,
+    library: tuple[list[Any], dict[str, Any]] | None = None,
 ) -> TuneOutcome:
     """Tune one task until it has `tune.trials_per_task` valid measurements (or stops early).
 
@@ -110,6 +112,9 @@ def tune_task(
     to a fresh work dir before its first search (warm start). `previous_best_ms`: the best
     latency of earlier sessions, to report how many trials this session needed to reach it.
     `seed_hashes`: the schedule hashes the seeds were measured under (never measured again).
+    `library`: (records, provenance) from the records library, for a workload the store has
+    no records of: a fresh work dir keeps them, and its search measures them on this board
+    before its own candidates (their latencies elsewhere are provenance, never trusted).
     `cross_compiler`: links each candidate into a shared library for the board (ARM boards
     need no compiler of their own then).
     """
@@ -119,7 +124,8 @@ def tune_task(
     work_dir.mkdir(parents=True, exist_ok=True)
     with FileLock(str(work_dir / "lock")):  # two runs never tune the same records at once
         return _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board, tune, measure,
-                            work_dir, progress, seeds or [], previous_best_ms, cross_compiler, seed_hashes or [])
+                            work_dir, progress, seeds or [], previous_best_ms, cross_compiler, seed_hashes or [],
+                            library)
 
 
 def population_size(round_size: int) -> int:
@@ -158,11 +164,12 @@ def design_space(target: Any, workload_mod: Any, failures: int8_dot.TensorizeFai
     return int8_dot.space_generator(target, workload_mod, failures)
 
 
+LIBRARY_SEEDS = "library_seeds.json"  # a work dir's records-library seeds, measured first
 MAX_ROUNDS = 4  # rounds to make up for failed measurements before giving up on the budget
 
 
 def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board, tune, measure, work_dir,
-                 progress, seeds, previous_best_ms, cross_compiler, seed_hashes) -> TuneOutcome:
+                 progress, seeds, previous_best_ms, cross_compiler, seed_hashes, library) -> TuneOutcome:
     """tune_task's body, under the work dir's lock: repair, warm start, search, default, outcome."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
@@ -176,6 +183,8 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
     trials_before = len(read_trials(work_dir))
     if seeds:
         _warm_start(work_dir, task_name, workload_mod, seeds, previous_best_ms, seed_hashes)
+    elif library and library[0]:
+        _stage_library(work_dir, task_name, library)
     stopped = _search(work_dir, task_name, workload_mod, target, board, tune, measure, progress, cross_compiler)
     threads = _measure_after_search(work_dir, task_name, workload_mod, target, board, measure, tune, cross_compiler)
     lats, session_best, _ = history(work_dir)
@@ -198,6 +207,41 @@ def _warm_start(work_dir: Path, task_name: str, workload_mod, seeds: list[Any], 
                                   "schedule_hashes": list(seed_hashes)}))
     log.info("task %s: warm start with %d record(s) from earlier sessions (best %s ms)", task_name, seeded,
              f"{previous_best_ms:.4f}" if previous_best_ms else "-")
+
+
+def _stage_library(work_dir: Path, task_name: str, library: tuple[list[Any], dict[str, Any]]) -> None:
+    """Keep the library's records in a fresh work dir (`library_seeds.json`): every search
+    round of this work dir measures those not measured yet first, so a kill before they
+    were measured loses nothing."""
+    if read_state(work_dir) or (work_dir / "warm_start.json").exists():
+        return  # not fresh: seeded before, or tuned without seeds
+    records, note = library
+    atomic_write_text(work_dir / LIBRARY_SEEDS, json.dumps({"records": records, "provenance": note}))
+    atomic_write_text(work_dir / "warm_start.json", json.dumps({"seeded": 0, "library": dict(note, records=len(records))}))
+    log.info("task %s: %d record(s) of the records library (%s, commit %s) are measured first", task_name,
+             len(records), note.get("cpu"), note.get("commit"))
+
+
+def library_candidates(work_dir: Path, workload_mod) -> list:
+    """The staged library records that replay here, as MetaSchedule measure candidates."""
+    from tvm.s_tir import Schedule
+    from tvm.s_tir import meta_schedule as ms
+
+    path = work_dir / LIBRARY_SEEDS
+    if not path.exists():
+        return []
+    workload = ms.database.Workload(workload_mod)
+    out = []
+    for js in json.loads(path.read_text())["records"]:
+        try:
+            rec = ms.database.TuningRecord.from_json(js, workload)
+            sch = Schedule(workload_mod)
+            rec.trace.apply_to_schedule(sch, remove_postproc=False)
+            args = rec.args_info or ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)
+            out.append(ms.MeasureCandidate(sch, args))
+        except Exception as e:  # a warm start is an optimisation, never a reason to fail
+            log.info("records library: skipped a record that does not replay here (%s)", str(e).splitlines()[0][:200])
+    return out
 
 
 def _search(work_dir: Path, task_name: str, workload_mod, target, board: BoardSpec, tune: TuneConfig,
@@ -282,6 +326,7 @@ def _search_round(work_dir: Path, task_name: str, workload_mod, target, board: B
     guard = make_guarded_search(
         inner,
         known_hashes=known_hashes(db, workload_mod, work_dir),
+        first=library_candidates(work_dir, workload_mod),
         early_stopping=tune.early_stopping,
         fail_fast=max(2, min(tune.trials_per_batch, 8)),
         best0=best0,
@@ -387,6 +432,7 @@ def _outcome(work_dir: Path, task_name: str, workload_hash: str, flops: float, s
         previous_best_ms=previous_best_ms,
         reached_previous_best_at=reached,
         threads=threads,
+        library=warm.get("library"),
     )
 
 

@@ -86,6 +86,9 @@ def run(
         help="Tuning session (e.g. tonight's date): a new session tunes a full budget of its own.")] = None,
     warm_start: Annotated[Optional[int], typer.Option(
         help="Seed each task with up to N best records of earlier sessions (0 = cold).")] = None,
+    records_library: Annotated[Optional[str], typer.Option(
+        help="Workloads the store never measured start from: builtin (shipped records of this CPU class) | off | "
+             "a directory from `vta-pipeline library export`.")] = None,
     max_regression_pct: Annotated[Optional[float], typer.Option(
         help="Regression guard: tuned latency this % worse than the best night keeps the old build.")] = None,
     dask: Annotated[Optional[str], typer.Option(
@@ -111,7 +114,8 @@ def run(
             "tune.early_stopping": early_stopping,
             "tune.task_filter": task_filter, "measure.number": number, "measure.repeat": repeat,
             "measure.timeout_s": timeout, "evaluate.repeat": eval_repeat, "store": store and str(store),
-            "tune.session": session, "tune.warm_start": warm_start, "guard.max_regression_pct": max_regression_pct,
+            "tune.session": session, "tune.warm_start": warm_start,
+            "tune.records_library": records_library, "guard.max_regression_pct": max_regression_pct,
             **_int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode,
                               calibration_data, pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx,
                               bfactor, cfactor, pack_layout),

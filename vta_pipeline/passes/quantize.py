@@ -87,25 +87,58 @@ def fold_batch_norm(mod: tvm.IRModule) -> tvm.IRModule:
     ])(mod)  # fmt: skip
 
 
+def activation_uses(mod: tvm.IRModule) -> list[tuple[Any, str, int | None, Any]]:
+    """Every use of a variable in main, in binding order: (var, how, conv index, call).
+
+    `how`: "conv" (the data of a conv2d, the `conv index`-th of the graph), "add" / "concat"
+    (an operand), "other" (any other argument, a conv's weights, the function's output). A
+    variable used through a tuple is used as the tuple is. The one walk behind both
+    questions the quantizer asks: which activations may be quantized, and which are only
+    ever quantized."""
+    uses: list[tuple[Any, str, int | None, Any]] = []
+    tuples: dict[Any, Any] = {}
+    conv = 0
+
+    def use(expr: Any, how: str, index: int | None, call: Any) -> None:
+        if isinstance(expr, relax.Var):
+            if expr in tuples:
+                for f in tuples[expr].fields:
+                    use(f, how, index, call)
+                return
+            uses.append((expr, how, index, call))
+        elif isinstance(expr, relax.Tuple):
+            for f in expr.fields:
+                use(f, how, index, call)
+
+    for b in main_bindings(mod):
+        v = b.value
+        if isinstance(v, relax.Tuple):
+            tuples[b.var] = v
+            continue
+        name = op_name(v)
+        if name == "nn.conv2d":
+            use(v.args[0], "conv", conv, v)
+            conv += 1
+            rest = v.args[1:]
+        elif name in ("add", "concat"):
+            for a in v.args:
+                use(a, name, None, v)
+            continue
+        else:
+            rest = v.args if isinstance(v, relax.Call) else [v]
+        for a in rest:
+            use(a, "other", None, v)
+    use(mod["main"].body.body, "other", None, None)
+    return uses
+
+
 def quantization_points(mod: tvm.IRModule) -> list[Any]:
     """The float activations that may be quantized: conv inputs and the operands of adds and
     concats (a float operand next to a quantized one is quantized); what calibration measures."""
     points: list[Any] = []
-    tuples: dict[Any, Any] = {}
-    for b in main_bindings(mod):
-        if isinstance(b.value, relax.Tuple):
-            tuples[b.var] = b.value
-        name = op_name(b.value)
-        if name == "nn.conv2d":
-            args = [b.value.args[0]]
-        elif name == "add":
-            args = list(b.value.args)
-        elif name == "concat":
-            arg = b.value.args[0]
-            args = list(arg.fields) if isinstance(arg, relax.Tuple) else list(tuples.get(arg, relax.Tuple([])).fields)
-        else:
-            continue
-        points.extend(a for a in args if isinstance(a, relax.Var) and a not in points)
+    for var, how, _, _ in activation_uses(mod):
+        if how != "other" and var not in points:
+            points.append(var)
     return points
 
 
@@ -114,42 +147,12 @@ def quantized_only(mod: tvm.IRModule, skip_conv_layers: tuple[int, ...]) -> set[
     in `skip_conv_layers`), an operand of an add or a concat. A float max pool producing
     one of them can run on the int8 value instead (see `Quantizer.rewrite`); any other use
     (the output, a float op) would then read a dequantized value where it read the float one."""
-    uses: dict[Any, list[bool]] = {}
-    tuples: dict[Any, Any] = {}
-    conv = 0
-
-    def use(expr: Any, quantizes: bool) -> None:
-        if isinstance(expr, relax.Var):
-            if expr in tuples:
-                for f in tuples[expr].fields:
-                    use(f, quantizes)
-            uses.setdefault(expr, []).append(quantizes)
-        elif isinstance(expr, relax.Tuple):
-            for f in expr.fields:
-                use(f, quantizes)
-
-    bindings = main_bindings(mod)
-    for b in bindings:
-        v = b.value
-        if isinstance(v, relax.Tuple):
-            tuples[b.var] = v
-            continue
-        name = op_name(v)
-        if name == "nn.conv2d":
-            use(v.args[0], conv not in skip_conv_layers and const_value(v.args[1]) is not None)
-            conv += 1
-            args = v.args[1:]
-        elif name in ("add", "concat"):
-            for a in v.args:
-                use(a, True)
-            continue
-        else:
-            args = v.args if isinstance(v, relax.Call) else [v]
-        for a in args:
-            use(a, False)
-    body = mod["main"].body
-    use(body.body, False)
-    return {var for var, q in uses.items() if all(q)}
+    quantizes: dict[Any, bool] = {}
+    for var, how, index, call in activation_uses(mod):
+        q = (how in ("add", "concat")
+             or how == "conv" and index not in skip_conv_layers and const_value(call.args[1]) is not None)
+        quantizes[var] = quantizes.get(var, True) and q
+    return {var for var, q in quantizes.items() if q}
 
 
 def _i32(x: int) -> relax.Expr:
