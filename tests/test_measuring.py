@@ -73,8 +73,10 @@ def _tuning_vs_quiet(extracted, task, host_target, measure, tmp_path) -> list[fl
                     for a in rec.args_info]  # weights already in the layout the schedule rewrote them to
             timer = f.time_evaluator(f.entry_name, dev, number=measure.number, repeat=5,
                                      min_repeat_ms=max(measure.min_repeat_ms, 100))
-            quiet = statistics.median(timer(*args).results)
-            tuned = statistics.fmean(float(s) for s in rec.run_secs)
+            # the fastest repeat of each: a neighbour's burst slows some repeats of either side,
+            # a bias of the measuring (contention while tuning) slows every one of them
+            quiet = min(timer(*args).results)
+            tuned = min(float(s) for s in rec.run_secs)
             ratios.append(tuned / quiet)
     return ratios
 
@@ -112,17 +114,24 @@ def test_top_candidates_retimed_quietly_agree_with_their_tuning_latency(session_
 
 @pytest.mark.slow
 def test_the_flows_evaluation_agrees_with_a_quiet_retime(micronet, host_target, tmp_path):
+    from vta_pipeline import importers
     from vta_pipeline.store import ArtifactStore
 
     fetched, extracted = micronet
-    store = ArtifactStore(tmp_path / "store")  # the session store's evaluations are other tests' business
-    lib = steps.build_step(store, extracted, None, host_target)
-    with LocalBoard(key="evalq", registry=tmp_path / "registry", log_dir=tmp_path / "logs") as b:
-        ev = steps.evaluate_step(store, lib, fetched, host_target, (b.host, b.port), b.key, EvalConfig())
-        from vta_pipeline import importers
-
-        quiet = evaluate_on_board(lib.file("model.so"), importers.load_reference(fetched.path), "llvm",
-                                  (b.host, b.port), b.key, number=1, repeat=30, rtol=1e-3, atol=1e-3,
-                                  min_repeat_ms=1000)
+    # As above: the evaluation and the retime are seconds apart on a host whose speed moves
+    # 1.4x within minutes, so a pair out of the band is measured once more, from a fresh
+    # store (a real bias, which the band is for, fails both times).
+    for attempt in range(2):
+        store = ArtifactStore(tmp_path / f"store{attempt}")  # the session store's evaluations are other tests'
+        lib = steps.build_step(store, extracted, None, host_target)
+        with LocalBoard(key="evalq", registry=tmp_path / f"registry{attempt}", log_dir=tmp_path / "logs") as b:
+            ev = steps.evaluate_step(store, lib, fetched, host_target, (b.host, b.port), b.key, EvalConfig())
+            quiet = evaluate_on_board(lib.file("model.so"), importers.load_reference(fetched.path), "llvm",
+                                      (b.host, b.port), b.key, number=1, repeat=30, rtol=1e-3, atol=1e-3,
+                                      min_repeat_ms=1000)
+        # the fastest repeats, as above: a CI run of 481b682 saw the flow's mean 0.51 ms
+        # against a retime whose median was 0.68 and whose fastest repeat was 0.52
+        if 0.9 <= ev.meta["min_ms"] / quiet.min_ms <= 1.1:
+            break
     assert ev.meta["threads"] == os.cpu_count() and ev.meta["number"] > 1
-    assert 0.9 <= ev.meta["mean_ms"] / quiet.median_ms <= 1.1, (ev.meta["mean_ms"], quiet.median_ms)
+    assert 0.9 <= ev.meta["min_ms"] / quiet.min_ms <= 1.1, (ev.meta["min_ms"], quiet.min_ms)

@@ -4,6 +4,7 @@ never measured a workload, and never trusted for a latency measured elsewhere.""
 import json
 import shutil
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
@@ -77,6 +78,23 @@ def test_exporting_the_same_store_again_adds_nothing(library, host_target, tmp_p
     before = pq.read_table(lib / records_library.class_file(host_target)).column("record").to_pylist()
     after = pq.read_table(copy / records_library.class_file(host_target)).column("record").to_pylist()
     assert after == before
+
+
+def test_one_schedule_measured_twice_is_one_library_row(library, host_target, tmp_path):
+    """A record holds its run times too: the same trace timed again elsewhere is not a new schedule."""
+    _, origin, _, lib, _, _ = library
+    path = lib / records_library.class_file(host_target)
+    rows = pq.read_table(path).to_pylist()
+    faster = json.loads(rows[0]["record"])
+    faster[1] = [x / 2 for x in faster[1]]  # the same trace, timed at half the time on another board
+    rows[0].update(record=json.dumps(faster), latency_ms=rows[0]["latency_ms"] / 2, commit="fff0000")
+    copy = tmp_path / "lib"
+    copy.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows, schema=records_library.SCHEMA), copy / path.name)
+    again = records_library.export(origin.root, host_target, copy, k=3, cpu_info=CPU, source_commit="def5678")
+    merged = pq.read_table(copy / path.name).to_pylist()
+    assert again["records"] == 3 and len({_trace(json.loads(r["record"])) for r in merged}) == 3
+    assert merged[0]["commit"] == "fff0000"  # the faster timing of that schedule is the one kept
 
 
 def test_a_fresh_store_measures_the_librarys_records_first_on_this_board(library):

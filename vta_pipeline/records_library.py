@@ -161,8 +161,8 @@ def export(store_root: Path, target, out_dir: Path, *, k: int = PER_WORKLOAD,
     f = pc.field("target_id") == target.id
     f = f & pc.field("record").is_valid() & pc.field("latency_ms").is_valid()
     t = history.read(store_root, history.MEASUREMENTS, filter=f,
-                     columns=["workload_key", "task", "model", "schedule_hash", "record", "latency_ms",
-                              "night", "threads"])
+                     columns=["workload_key", "task", "model", "schedule_hash", "record", "latency_ms", "night",
+                              "threads"])
     if t.num_rows == 0:
         raise LibraryError(f"the store {store_root} has no valid measurements on target {target.name!r} "
                            f"(id {target.id}): tune with that target first, or pass the --target it was tuned with")
@@ -184,27 +184,25 @@ def export(store_root: Path, target, out_dir: Path, *, k: int = PER_WORKLOAD,
 
     path = Path(out_dir) / class_file(target)
     old = read(Path(out_dir), target).to_pylist() if path.exists() else []
-    for row in old:  # an old row's identity: its record (its measured hash is not kept)
-        row["_hash"] = None
     by_wl: dict[str, list[dict[str, Any]]] = {}
     for row in fresh + old:
         by_wl.setdefault(row["workload_key"], []).append(row)
     out_rows: list[dict[str, Any]] = []
     for wk, rows in by_wl.items():
         rows.sort(key=lambda r: r["latency_ms"])
-        seen: set[str] = set()
+        seen: set[str | None] = set()
         kept = []
         for row in rows:
-            ident = row["_hash"] or row["record"]
-            if ident in seen or row["record"] in seen:
+            # one schedule: the same trace, or (rows of this store) the same scheduled module
+            idents = {_schedule(row["record"]), row.pop("_hash", None)} - {None}
+            if idents & seen:
                 continue
-            seen.update({ident, row["record"]})
+            seen.update(idents)
             kept.append(row)
             if len(kept) == k:
                 break
         for i, row in enumerate(kept, 1):
             row["rank"] = i
-            row.pop("_hash", None)
             out_rows.append(row)
     out_rows.sort(key=lambda r: (r["workload_key"], r["rank"]))
     Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -214,6 +212,12 @@ def export(store_root: Path, target, out_dir: Path, *, k: int = PER_WORKLOAD,
     return {"file": str(path), "cpu_class": cls, "workloads": len(by_wl), "records": len(out_rows),
             "from_store": len({r["workload_key"] for r in fresh}), "measurements": len(fresh), "commit": src,
             "cpu": info["cpu"]}
+
+
+def _schedule(record: str) -> str:
+    """A record's identity as a schedule: its trace (the record also holds the run times
+    and target it was measured with, which differ between two measurements of one schedule)."""
+    return json.dumps(json.loads(record)[0], sort_keys=True)
 
 
 def summary(library_dir: Path) -> list[dict[str, Any]]:
