@@ -57,6 +57,11 @@ from vta_pipeline import machine  # noqa: E402
 # blocks of 16 (6% faster than 8 when the two built networks are timed in turn, r18_c8_fdd90ed).
 # mobilenet_v2's int8 packs the same way (the dot product over 8 lanes: 18.84 -> 13.96 ms at 8
 # trials/task, mnv2_int8_c8_b84ba78) and calibrates per layer (the global scale saturates it).
+# On a CPU with AVX-512 (16 floats to a register, 16 int32 lanes to a VNNI dot product)
+# mobilenet_v2 packs in blocks of 16 instead, its 24-channel layers padded to 32 (graph
+# pack's --pad-channels; `--block mobilenet_v2=8` keeps the old pack): fp32 9.54 -> 6.03 ms
+# on an Intel Xeon with AVX-512 (mnv2_c8_lib_9d75481 vs mnv2_c16_pad_9d75481).
+WIDE_BLOCK = {"mobilenet_v2": 16}
 MODELS = {
     "resnet18": {"shape": (1, 3, 224, 224), "pack": [], "int8": []},
     "mobilenet_v2": {"shape": (1, 3, 224, 224),
@@ -74,6 +79,16 @@ INT8_LAYOUTS = {"x86": "TVM tuned int8, x86 dot-product layout", "vta": "TVM tun
 # fp32 rows: the network as imported (NCHW, MetaSchedule's generic space), and packed to
 # NCHW{c}c where graph pack packs it (NeoCPU's space for its convs, vta_pipeline/packed_conv_space.py).
 FP32_LAYOUTS = {"nchw": "TVM tuned fp32", "packed": "TVM tuned fp32, packed NCHW{block}c"}
+
+
+def set_block(name: str, block: str) -> None:
+    """Pack `name` in blocks of `block` channels in fp32 and int8, padding the channels the
+    block does not divide (graph pack's --pad-channels)."""
+    for kind in ("pack", "int8"):
+        args = [a for a in MODELS[name][kind] if a != "--pad-channels"]
+        if "--cfactor" in args:
+            del args[args.index("--cfactor"):args.index("--cfactor") + 2]
+        MODELS[name][kind] = [*args, "--cfactor", str(int(block)), "--pad-channels"]
 
 
 def fp32_block(name: str) -> int:
@@ -367,15 +382,18 @@ def side_by_side(store: Path, result: dict[str, Any], board: Any, ref: "Referenc
     reference = importers.load_reference(stored(store, evaluation.manifest["inputs"]["reference"]).path)
     cfg = result["config"]["evaluate"]
     per_round = max(3, runs // rounds)
-    ours: list[float] = []
-    theirs: list[float] = []
+    ours: list[list[float]] = []
+    theirs: list[list[float]] = []
     for _ in range(rounds):
         e = ev_mod.evaluate_on_board(lib, reference, "llvm", (board.host, board.port), board.key, cfg["number"],
                                      per_round, cfg["rtol"], cfg["atol"], min_repeat_ms=cfg["min_repeat_ms"])
-        ours += e.repeats
-        theirs += ref.runs(engine, per_round)
-    return {"ours_ms": float(np.median(ours)), "reference_ms": float(np.median(theirs)), "rounds": rounds,
-            "ours_repeats": len(ours), "reference_runs": len(theirs), "engine": engine}
+        ours.append(list(e.repeats))
+        theirs.append(ref.runs(engine, per_round))
+    return {"ours_ms": float(np.median(sum(ours, []))), "reference_ms": float(np.median(sum(theirs, []))),
+            "rounds": rounds, "ours_repeats": sum(map(len, ours)), "reference_runs": sum(map(len, theirs)),
+            "engine": engine,  # each round's median: a drift within the run shows here
+            "ours_rounds_ms": [round(float(np.median(r)), 3) for r in ours],
+            "reference_rounds_ms": [round(float(np.median(r)), 3) for r in theirs]}
 
 
 def model_gflop(store: Path, model: str, source: str) -> float:
@@ -651,6 +669,10 @@ def main() -> None:
                     help="where workloads the store never measured start (the pipeline's --records-library): off "
                          "(default: the curve from a cold start), builtin (the records shipped for this CPU class), "
                          "or a directory")
+    ap.add_argument("--block", action="append", default=[], metavar="MODEL=C",
+                    help="the model's channel block in both its fp32 and int8 packs, channels it does not divide "
+                         "padded (--pad-channels); default: MODELS' --cfactor, and WIDE_BLOCK on AVX-512 "
+                         "(mobilenet_v2=16)")
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--stock-bare", action="store_true",
                     help="also time a bare loop with MetaSchedule's stock builder, runner and search (4 min "
@@ -661,6 +683,11 @@ def main() -> None:
                     help="keep the store, and --out's compare.json if there; measure only what is not in it "
                          "yet (a new --out: every row measured again, the tuning reused from the store)")
     args = ap.parse_args()
+    if "avx512f" in machine.cpu()["isa"]:
+        for name, block in WIDE_BLOCK.items():
+            set_block(name, str(block))
+    for spec in args.block:
+        set_block(*spec.split("="))
     # `kill` / a CI timeout: unwind, so that the Prefect server and the boards (children) stop too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
@@ -669,6 +696,7 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
     meta = {"commit": commit.strip(), "threads": args.threads, "trials_per_task": args.trials, "runs": args.runs,
             "allocation": args.allocation, "records_library": args.records_library,
+            "blocks": {m: fp32_block(m) for m in MODELS},
             **machine.cpu(), "date": time.strftime("%Y-%m-%d %H:%M")}
     previous = args.out / "compare.json"
     if args.resume and previous.exists():

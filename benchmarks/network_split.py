@@ -9,7 +9,8 @@ taken side by side compare). Our kinds: the int8 convs of the x86 layout (the do
 packed float convs, packed depthwise convs, the stem conv (an unpacked conv), and every
 other function by name; ORT's: its op types, its stem conv apart. A tuning log's
 per-task best (`compare.md`'s "where the time goes") is each kernel with warm caches, alone;
-this is each where it runs.
+this is each where it runs, and when --build lies in a pipeline store (its manifest names
+the pick-best artifact) the two stand side by side, kernel by kernel.
 
     uv run python benchmarks/network_split.py --model resnet18 --int8 \\
         --build /work/store-int8all/pipeline/steps/build/<key>/model.so --out benchmarks/results/<run>
@@ -88,14 +89,18 @@ def split(model: str, lib: Path, int8: bool, threads: int, runs: int) -> dict[st
     for _ in range(warm):
         sess.run(None, {"data": x})
     ours: dict[str, list[float]] = {}
+    functions: dict[str, list[float]] = {}
+    ncalls: dict[str, int] = {}
     wall: dict[str, list[float]] = {"ours": [], "ort": []}
     for _ in range(runs):
         t = time.perf_counter()
         calls = vm.run()
         wall["ours"].append(1e3 * (time.perf_counter() - t))
         per_kind: dict[str, float] = {}
-        for name, (sec, _) in calls.items():
+        for name, (sec, n) in calls.items():
             per_kind[our_kind(name)] = per_kind.get(our_kind(name), 0.0) + 1e3 * sec
+            functions.setdefault(name, []).append(1e3 * sec)
+            ncalls[name] = n
         for kind, ms in per_kind.items():
             ours.setdefault(kind, []).append(ms)
         t = time.perf_counter()
@@ -112,9 +117,45 @@ def split(model: str, lib: Path, int8: bool, threads: int, runs: int) -> dict[st
     return {
         "ours_ms": {k: float(np.median(v)) for k, v in sorted(ours.items(), key=lambda kv: -np.median(kv[1]))},
         "ort_ms": {k: float(np.median(v)) for k, v in sorted(ort_kinds.items(), key=lambda kv: -np.median(kv[1]))},
+        "functions": {k: {"ms": float(np.median(v)), "calls": ncalls[k]}
+                      for k, v in sorted(functions.items(), key=lambda kv: -np.median(kv[1]))},
         "network_ms": {k: float(np.median(v)) for k, v in wall.items()},
         "network_plain_ms": plain,
     }
+
+
+def tuned_best(lib: Path) -> dict[str, float] | None:
+    """Each tuned task's best latency (ms, measured alone while tuning), by task name, when
+    `lib` is a build in a pipeline store: the build's manifest names its pick_best artifact."""
+    manifest = lib.parent / "manifest.json"
+    if not manifest.exists():
+        return None
+    best_id = json.loads(manifest.read_text())["inputs"].get("best")
+    for m in lib.parent.parent.parent.glob("pick_best/*/manifest.json"):
+        if json.loads(m.read_text()).get("artifact_id") == best_id:
+            return {e["task"]: e["best_latency_ms"] for e in json.loads((m.parent / "best.json").read_text())}
+    return None
+
+
+def in_network_vs_alone(functions: dict[str, dict[str, float]], best: dict[str, float]) -> list[str]:
+    """Each kernel's time inside the network beside its tuning's best (alone, warm caches) x its
+    calls: what the tuner measured and what the network gets. A VM function is its task's
+    kernel; `_prepacked` is the same kernel taking its weights pre-laid-out."""
+    md = ["", "Each kernel inside the network (instrumented, per run) beside what tuning measured for it "
+          "alone (best ms x calls per run):", "",
+          "| function | calls | in network ms | tuned alone ms | ratio |", "|---|---|---|---|---|"]
+    inside = alone = 0.0
+    for name, f in functions.items():
+        task = re.sub(r"_prepacked$", "", name)
+        b = best.get(task)
+        if b is None:
+            md.append(f"| {name} | {f['calls']} | {f['ms']:.3f} | - | - |")
+            continue
+        inside, alone = inside + f["ms"], alone + b * f["calls"]
+        ratio = f["ms"] / (b * f["calls"])
+        md.append(f"| {name} | {f['calls']} | {f['ms']:.3f} | {b * f['calls']:.3f} | {ratio:.2f} |")
+    md.append(f"| **tuned kernels** | | **{inside:.2f}** | **{alone:.2f}** | **{inside / max(alone, 1e-9):.2f}** |")
+    return md
 
 
 def main() -> None:
@@ -145,6 +186,9 @@ def main() -> None:
         right = f"{b[i][0]} | {b[i][1]:.3f}" if i < len(b) else " | "
         md.append(f"| {left} | | {right} |")
     md.append(f"| **sum** | **{sum(res['ours_ms'].values()):.2f}** | | **sum** | **{sum(res['ort_ms'].values()):.2f}** |")
+    best = tuned_best(args.build.resolve())
+    if best:
+        md += in_network_vs_alone(res["functions"], best)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"network_split_{args.model}{'_int8' if args.int8 else ''}"
     (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, **res}, indent=1))

@@ -124,3 +124,69 @@ def test_fp32_networks_pack_too(blocks):
     packed, rep = graph_pack(mod, PackParams(stop_name="nn.relu", stop_name_idx=4))
     assert rep.packed_ops
     np.testing.assert_allclose(build_run(packed, x), build_run(mod, x), rtol=1e-4, atol=1e-4)
+
+
+class Narrow(torch.nn.Module):
+    """mobilenet_v2's shapes that blocks of 16 do not divide: a 24-channel residual, a 40-channel
+    expansion and its depthwise conv."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.project = nn.Conv2d(16, 24, 1)
+        self.expand = nn.Conv2d(24, 40, 1)
+        self.dw = nn.Conv2d(40, 40, 3, padding=1, groups=40)
+        self.shrink = nn.Conv2d(40, 24, 1)
+
+    def forward(self, x):
+        x = torch.nn.functional.max_pool2d(torch.relu(self.stem(x)), 2)
+        y = torch.nn.functional.relu6(self.project(x))
+        z = self.shrink(torch.nn.functional.relu6(self.dw(torch.nn.functional.relu6(self.expand(y)))))
+        return torch.relu(z + y)
+
+
+STOP_AT = {"stop_name": "nn.relu", "stop_name_idx": 1}  # the last op: packed to the network's end
+STOP = PackParams(**STOP_AT)
+
+
+@pytest.fixture(scope="module")
+def narrow():
+    x = np.random.default_rng(1).standard_normal((1, 3, 16, 16)).astype("float32")
+    mod = to_relax(randomize(Narrow(), 1), x)
+    return mod, quantize(mod, QuantizeParams())[0], x
+
+
+def test_channels_the_block_does_not_divide_are_refused_with_the_fix_named(narrow):
+    mod, _, _ = narrow
+    with pytest.raises(PackError, match=r"cannot pack #\d+ nn.conv2d\[1\] .*cfactor=16 \(cfactor=8 divides them: "
+                                        r"--cfactor 8; or pad them to the block: --pad-channels"):
+        graph_pack(mod, STOP)
+
+
+@pytest.mark.parametrize("layout", ["vta", "x86"])
+def test_padded_channels_pack_in_blocks_of_16_and_change_no_value(narrow, layout):
+    # 24 and 40 channels run as 32 and 48 (two and three blocks of 16), the padding zero
+    _, q, x = narrow
+    packed, rep = graph_pack(q, PackParams(layout=layout, pad_channels=True, **STOP_AT))
+    assert np.array_equal(build_run(packed, x), emulate.run(q, [x])[0])
+    convs = [o for o in op_sequence(packed) if o.name == "nn.conv2d" and str(o.call.attrs.data_layout) != "NCHW"]
+    weights = {(int(c.call.attrs.groups), c.call.args[1].value.numpy().shape[:2]) for c in convs}
+    assert weights == {(1, (2, 4 if layout == "x86" else 1)), (1, (3, 8 if layout == "x86" else 2)),
+                       (48, (3, 1)), (1, (2, 12 if layout == "x86" else 3))}, weights
+    assert all(o.out_shape[1] % 16 == 0 for o in op_sequence(packed) if o.name == "nn.conv2d"
+               and str(o.call.attrs.data_layout) == "NCHW")  # no unpacked conv took a padded input
+    assert [o.name for o in op_sequence(packed)].count("nn.pad") == 0  # the stem's 16 channels need none
+    assert "strided_slice" in [o.name for o in op_sequence(packed)]  # the 24-channel output, unpadded
+
+
+def test_padded_fp32_network_agrees_with_the_unpacked_one(narrow):
+    mod, _, x = narrow
+    packed, _ = graph_pack(mod, PackParams(pad_channels=True, **STOP_AT))
+    np.testing.assert_allclose(build_run(packed, x), build_run(mod, x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_concat_of_padded_tensors_is_refused(blocks):
+    mod, _, _ = blocks
+    with pytest.raises(PackError, match=r"concat.*16 channels, which the block cfactor=32 does not divide"):
+        graph_pack(mod, PackParams(cfactor=32, pad_channels=True, stop_name="nn.relu", stop_name_idx=4))

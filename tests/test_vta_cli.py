@@ -51,6 +51,10 @@ def test_pack_points_says_which_operator_stops_a_region(session_store):
     res = json.loads(out[out.index("{"):])
     assert code == 0 and not res["packable"]
     assert "cannot pack #4 nn.conv2d[1] (1x32x32x32, 32x32x3x3)" in res["error"] and "cfactor=64" in res["error"]
+    assert "--pad-channels" in res["error"]  # the fix is named
+    code, out = _invoke(["pack-points", "tinynet", "--cfactor", "64", "--pad-channels", "--json", "--store",
+                         str(session_store.root)])
+    assert code == 0 and json.loads(out[out.index("{"):])["packable"], out  # 32 channels run as 64
 
 
 def test_an_unpackable_region_fails_before_tuning_and_keeps_the_finished_steps(tmp_path):

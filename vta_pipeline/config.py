@@ -196,6 +196,10 @@ class PackConfig(_Strict):
     layout: Literal["vta", "x86"] = Field(
         "vta", description="Packed weight layout: vta (OIHW16o16i, what VTA executes) or x86 (OIHW16o4i with uint8 "
                            "activations where they are non-negative: the CPU's int8 dot product, VNNI/AVX2).")
+    pad_channels: bool = Field(
+        False, description="Zero-pad channel counts that cfactor does not divide up to the next multiple inside the "
+                           "region (values unchanged), instead of refusing them: mobilenet_v2's 24-channel layers in "
+                           "blocks of 16, one AVX-512 register.")
 
 
 class BoardConfig(_Strict):

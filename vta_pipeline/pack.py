@@ -35,6 +35,7 @@ def pack_params(pack: PackConfig, vta: VTAConfig):
         start_name_idx=pack.start_name_idx,
         stop_name_idx=pack.stop_name_idx,
         layout=pack.layout,
+        pad_channels=pack.pad_channels,
     )
 
 

@@ -112,7 +112,9 @@ def quantize_step(store: ArtifactStore, model: Artifact, cfg: QuantizeConfig, se
 
 # ---- pack -------------------------------------------------------------------------------------
 def _pack_config(pack: PackConfig, vta: VTAConfig) -> dict[str, Any]:
-    return {"pack": pack.model_dump(mode="json", exclude={"enabled"}), "vta": vta.model_dump(mode="json")}
+    # pad_channels only when on: stores packed before it existed keep their keys
+    exclude = {"enabled"} | (set() if pack.pad_channels else {"pad_channels"})
+    return {"pack": pack.model_dump(mode="json", exclude=exclude), "vta": vta.model_dump(mode="json")}
 
 
 def pack_key(store: ArtifactStore, model_id: str, pack: PackConfig, vta: VTAConfig) -> str:

@@ -34,5 +34,8 @@ BfactorOpt = Annotated[Optional[int], typer.Option(help="Batch block (default: V
 CfactorOpt = Annotated[Optional[int], typer.Option(help="Channel block (default: VTA BLOCK_OUT).")]
 PackLayoutOpt = Annotated[Optional[str], typer.Option(
     help="Packed weights: vta (OIHW16o16i, VTA's) | x86 (OIHW16o4i + uint8 activations: the CPU's int8 dot product).")]
+PadChannelsOpt = Annotated[Optional[bool], typer.Option(
+    "--pad-channels/--no-pad-channels",
+    help="Zero-pad channel counts --cfactor does not divide (values unchanged) instead of refusing them.")]
 # the history sub-commands' --json
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON rows instead of a table.")]

@@ -22,6 +22,7 @@ from vta_pipeline.cli.options import (
     ModelOpt,
     OnnxOpt,
     PackLayoutOpt,
+    PadChannelsOpt,
     PackOpt,
     PackStartIdxOpt,
     PackStartOpt,
@@ -63,6 +64,7 @@ def tasks_cmd(
     bfactor: BfactorOpt = None,
     cfactor: CfactorOpt = None,
     pack_layout: PackLayoutOpt = None,
+    pad_channels: PadChannelsOpt = None,
 ):
     """Fetch (quantize, pack) the model and print its tuning tasks, cached in the store like a run's.
     The workload columns are the VTA recipe's; packed tasks count batch = N/b*b, in_filter = C/c*c."""
@@ -78,7 +80,7 @@ def tasks_cmd(
             "store": store and str(store), "tune.task_filter": task_filter,
             **_int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode,
                               calibration_data, pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx,
-                              bfactor, cfactor, pack_layout),
+                              bfactor, cfactor, pack_layout, pad_channels),
         })
         tgt = resolve_target(cfg.target)
         st = ArtifactStore(cfg.store)
@@ -127,6 +129,7 @@ def pack_points_cmd(
     pack_stop_idx: PackStopIdxOpt = None,
     bfactor: BfactorOpt = None,
     cfactor: CfactorOpt = None,
+    pad_channels: PadChannelsOpt = None,
 ):
     """List the network's operators with their occurrence indices, mark the start/stop that the
     pack options select (default: first nn.max_pool2d, then the first global average pool), and
@@ -140,7 +143,8 @@ def pack_points_cmd(
         cfg = _config(config, {
             **_model_overrides(model, source, onnx_path, input_shape), "store": store and str(store),
             **_int8_overrides(False, vta_config, quantize, global_scale, skip_conv_layers, None, None, None,
-                              pack_start, pack_stop, pack_start_idx, pack_stop_idx, bfactor, cfactor),
+                              pack_start, pack_stop, pack_start_idx, pack_stop_idx, bfactor, cfactor,
+                              pad_channels=pad_channels),
         })
         st = ArtifactStore(cfg.store)
         art = steps.prepare_model(st, cfg, upto="quantize")

@@ -22,6 +22,14 @@ VTA's `OIHW{c}o{c}i` cannot use. Other int8 convs keep int8 data (the dot produc
 form), whose weights must lie in [-127, 127]. Values and results are identical to the VTA
 layout's.
 
+`pad_channels` zero-pads channel counts the block does not divide up to the next multiple
+inside the region (weights, activations and per-channel constants; the unpack slices them
+off again), where it would otherwise stop with an error: mobilenet_v2's 24-channel layers in
+blocks of 16, the width of one AVX-512 register of floats and of one 512-bit VNNI dot product.
+A padded channel holds zeros (its weights and bias are zero, a divisor is one), and every
+conv reads it through zero weights, so values are unchanged; a channel concat of padded
+tensors, or a division of two, would interleave or divide the padding and is refused.
+
 `start_name_idx` / `stop_name_idx` pick the k-th occurrence of the name (0-based);
 `nn.global_avg_pool2d` also matches Relax's forms of it (`mean` over H and W,
 `nn.adaptive_avg_pool2d` to 1x1). `vta-pipeline pack-points` lists the candidates.
@@ -69,6 +77,7 @@ class PackParams:
     start_name_idx: int | None = None
     stop_name_idx: int | None = None
     layout: str = "vta"
+    pad_channels: bool = False
 
 
 def is_global_avg_pool(op: OpInfo) -> bool:
@@ -193,15 +202,21 @@ class GraphPacker(Rebuilder):
         (the x86 int8 layout's dot product takes blocks of 16 or 8)."""
         smaller = (8,) if self.p.layout == "x86" else (8, 4)
         fits = [c for c in smaller if c < self.p.cfactor and not any(n % c for n in channels)]
-        return f" (cfactor={fits[0]} divides them: --cfactor {fits[0]})" if fits else ""
+        pad = "pad them to the block: --pad-channels (pack.pad_channels)"
+        return f" (cfactor={fits[0]} divides them: --cfactor {fits[0]}; or {pad})" if fits else f" (or {pad})"
 
     def _check_nchw(self, shape, op: OpInfo, what: str) -> None:
         b, c = self.p.bfactor, self.p.cfactor
         if shape is None or len(shape) != 4:
             raise self._fail(op, f"{what} has shape {shape}, not NCHW")
-        if shape[0] % b or shape[1] % c:
+        if shape[0] % b or (shape[1] % c and not self.p.pad_channels):
             raise self._fail(op, f"{what} {'x'.join(map(str, shape))}: batch must be divisible by bfactor={b} "
                                  f"and channels by cfactor={c}" + self._block_hint(shape[1]))
+
+    def padded(self, channels: int) -> int:
+        """`channels` rounded up to the block when pad_channels is on (else as they are)."""
+        cf = self.p.cfactor
+        return -(-channels // cf) * cf if self.p.pad_channels else channels
 
     def pack(self, var: Any, op: OpInfo) -> Any:
         if var in self.packed:
@@ -209,8 +224,11 @@ class GraphPacker(Rebuilder):
         shape = shape_of(var)
         self._check_nchw(shape, op, f"input {var.name}")
         n, c, h, w = shape
-        b, cf = self.p.bfactor, self.p.cfactor
-        x = relax.op.reshape(self.lookup(var), (n // b, b, c // cf, cf, h, w))
+        b, cf, cp = self.p.bfactor, self.p.cfactor, self.padded(c)
+        x = self.lookup(var)
+        if cp != c:
+            x = self.emit(relax.op.nn.pad(x, [0, 0, 0, cp - c, 0, 0, 0, 0]), "pad_channels")
+        x = relax.op.reshape(x, (n // b, b, cp // cf, cf, h, w))
         self.packed[var] = self.emit(relax.op.permute_dims(x, [0, 2, 4, 5, 1, 3]), "pack")
         return self.packed[var]
 
@@ -218,8 +236,12 @@ class GraphPacker(Rebuilder):
         if isinstance(expr, relax.Var) and self.env.get(expr, 0) is None and expr in self.packed:
             if expr not in self.unpacked:
                 n, c, h, w = shape_of(expr)
+                cp = self.padded(c)
                 y = relax.op.permute_dims(self.packed[expr], [0, 4, 1, 5, 2, 3])
-                self.unpacked[expr] = self.emit(relax.op.reshape(y, (n, c, h, w)), "unpack")
+                y = self.emit(relax.op.reshape(y, (n, cp, h, w)), "unpack")
+                if cp != c:
+                    y = self.emit(relax.op.strided_slice(y, [1], [0], [c]), "unpad_channels")
+                self.unpacked[expr] = y
             return self.unpacked[expr]
         return super().lookup(expr)
 
@@ -227,9 +249,12 @@ class GraphPacker(Rebuilder):
         if value.ndim == 0 or value.size == 1 and value.ndim <= 1:
             return relax.const(value)
         v = value.reshape((1,) * (4 - value.ndim) + value.shape) if value.ndim < 4 else value
-        if v.ndim != 4 or v.shape[0] != 1 or v.shape[2:] != (1, 1) or v.shape[1] % self.p.cfactor:
+        cf, c = self.p.cfactor, v.shape[1] if v.ndim == 4 else 0
+        if v.ndim != 4 or v.shape[0] != 1 or v.shape[2:] != (1, 1) or self.padded(c) % cf:
             raise self._fail(op, f"constant of shape {value.shape} is not a per-channel or scalar constant")
-        cf = self.p.cfactor
+        if self.padded(c) != c:  # a padded channel stays zero: add 0, multiply by 0, divide by 1
+            fill = 1 if op.name == "divide" else 0
+            v = np.pad(v, [(0, 0), (0, self.padded(c) - c), (0, 0), (0, 0)], constant_values=fill)
         return relax.const(np.ascontiguousarray(v.reshape(1, v.shape[1] // cf, 1, 1, 1, cf)))
 
     def _operand(self, arg: Any, op: OpInfo) -> Any:
@@ -260,6 +285,9 @@ class GraphPacker(Rebuilder):
         elif op.name in UNARY:
             new = relax.Call(v.op, [self._operand(v.args[0], op)] + list(v.args[1:]), a, v.ty_args)
         elif op.name in BINARY:
+            if op.name == "divide" and self._pads(op.out_shape) and all(const_value(x) is None for x in v.args):
+                raise self._fail(op, "a division of two tensors whose channels are padded would divide zero by "
+                                     "zero in the padding; choose a cfactor that divides the channels")
             new = relax.Call(v.op, [self._operand(x, op) for x in v.args], a, v.ty_args)
         elif op.name in POOLS:
             self._check_nchw(op.out_shape, op, "output")
@@ -269,11 +297,20 @@ class GraphPacker(Rebuilder):
         else:  # concat
             if int(a.axis) % 4 != 1:
                 raise self._fail(op, f"concat along axis {int(a.axis)}; only channel concats can be packed")
+            for f in self.fields_of(v.args[0]):
+                if self._pads(shape_of(f)):
+                    field = getattr(f, "name_hint", f)
+                    raise self._fail(op, f"its input {field} has {shape_of(f)[1]} channels, which the block "
+                                         f"cfactor={self.p.cfactor} does not divide: a concat of padded tensors "
+                                         "would interleave their padding; choose a cfactor that divides them")
             fields = [self._operand(f, op) for f in self.fields_of(v.args[0])]
             new = relax.op.concat(fields, axis=1)
         self.packed[var] = self.emit(new, name)
         self.packed_ops.append(op.describe())
         return None
+
+    def _pads(self, shape) -> bool:
+        return shape is not None and len(shape) == 4 and self.padded(shape[1]) != shape[1]
 
     def _conv(self, call: Any, op: OpInfo) -> Any:
         a = call.attrs
@@ -287,6 +324,10 @@ class GraphPacker(Rebuilder):
         groups = int(a.groups)
         cin = op.in_shapes[0][1]
         x = self._operand(call.args[0], op)
+        if groups == cin == o and i == 1 or groups == 1:  # zero weights read and write the padding
+            po = self.padded(o)
+            w = np.pad(w, [(0, po - o), (0, self.padded(i) - i if groups == 1 else 0), (0, 0), (0, 0)])
+            o, i, groups = po, (self.padded(i) if groups == 1 else i), (1 if groups == 1 else po)
         if groups == 1:
             if o % cf or i % cf:
                 raise self._fail(op, f"weight {o}x{i}x{kh}x{kw}: output and input channels must be divisible by "
@@ -303,7 +344,7 @@ class GraphPacker(Rebuilder):
             else:
                 wp = w.reshape(o // cf, cf, i // cf, cf, kh, kw).transpose(0, 2, 4, 5, 1, 3).copy()
                 klayout = packed_kernel_layout(cf)
-        elif groups == cin == o and i == 1:
+        elif groups == o and i == 1:
             if o % cf:
                 raise self._fail(op, f"depthwise weight {o}x1x{kh}x{kw}: channels must be divisible by cfactor={cf}"
                                      + self._block_hint(o))
