@@ -60,7 +60,7 @@ from vta_pipeline import machine  # noqa: E402
 # On a CPU with AVX-512 (16 floats to a register, 16 int32 lanes to a VNNI dot product)
 # mobilenet_v2 packs in blocks of 16 instead, its 24-channel layers padded to 32 (graph
 # pack's --pad-channels; `--block mobilenet_v2=8` keeps the old pack): fp32 9.54 -> 6.03 ms
-# on an Intel Xeon with AVX-512 (mnv2_c8_lib_9d75481 vs mnv2_c16_pad_9d75481).
+# on an Intel Xeon with AVX-512 (mnv2_c8_lib_9d75481 vs mnv2_c16_pad_54554f1).
 WIDE_BLOCK = {"mobilenet_v2": 16}
 MODELS = {
     "resnet18": {"shape": (1, 3, 224, 224), "pack": [], "int8": []},

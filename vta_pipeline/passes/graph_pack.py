@@ -250,11 +250,12 @@ class GraphPacker(Rebuilder):
             return relax.const(value)
         v = value.reshape((1,) * (4 - value.ndim) + value.shape) if value.ndim < 4 else value
         cf, c = self.p.cfactor, v.shape[1] if v.ndim == 4 else 0
-        if v.ndim != 4 or v.shape[0] != 1 or v.shape[2:] != (1, 1) or self.padded(c) % cf:
+        cp = self.padded(c)
+        if v.ndim != 4 or v.shape[0] != 1 or v.shape[2:] != (1, 1) or cp % cf:
             raise self._fail(op, f"constant of shape {value.shape} is not a per-channel or scalar constant")
-        if self.padded(c) != c:  # a padded channel stays zero: add 0, multiply by 0, divide by 1
+        if cp != c:  # a padded channel stays zero: add 0, multiply by 0, divide by 1
             fill = 1 if op.name == "divide" else 0
-            v = np.pad(v, [(0, 0), (0, self.padded(c) - c), (0, 0), (0, 0)], constant_values=fill)
+            v = np.pad(v, [(0, 0), (0, cp - c), (0, 0), (0, 0)], constant_values=fill)
         return relax.const(np.ascontiguousarray(v.reshape(1, v.shape[1] // cf, 1, 1, 1, cf)))
 
     def _operand(self, arg: Any, op: OpInfo) -> Any:
@@ -324,10 +325,11 @@ class GraphPacker(Rebuilder):
         groups = int(a.groups)
         cin = op.in_shapes[0][1]
         x = self._operand(call.args[0], op)
-        if groups == cin == o and i == 1 or groups == 1:  # zero weights read and write the padding
-            po = self.padded(o)
-            w = np.pad(w, [(0, po - o), (0, self.padded(i) - i if groups == 1 else 0), (0, 0), (0, 0)])
-            o, i, groups = po, (self.padded(i) if groups == 1 else i), (1 if groups == 1 else po)
+        depthwise = groups == cin == o and i == 1
+        if groups == 1 or depthwise:  # zero weights read and write the padding
+            po, pi = self.padded(o), (self.padded(i) if groups == 1 else i)
+            w = np.pad(w, [(0, po - o), (0, pi - i), (0, 0), (0, 0)])
+            o, i, groups = po, pi, (po if depthwise else 1)
         if groups == 1:
             if o % cf or i % cf:
                 raise self._fail(op, f"weight {o}x{i}x{kh}x{kw}: output and input channels must be divisible by "
@@ -344,7 +346,7 @@ class GraphPacker(Rebuilder):
             else:
                 wp = w.reshape(o // cf, cf, i // cf, cf, kh, kw).transpose(0, 2, 4, 5, 1, 3).copy()
                 klayout = packed_kernel_layout(cf)
-        elif groups == o and i == 1:
+        elif depthwise:
             if o % cf:
                 raise self._fail(op, f"depthwise weight {o}x1x{kh}x{kw}: channels must be divisible by cfactor={cf}"
                                      + self._block_hint(o))
