@@ -703,6 +703,8 @@ def main() -> None:
                     help="the model's channel block in both its fp32 and int8 packs, channels it does not divide "
                          "padded (--pad-channels); default: MODELS' --cfactor, and WIDE_BLOCK on AVX-512 "
                          "(mobilenet_v2=16)")
+    ap.add_argument("--int8-dense", default="int8", choices=["int8", "float"],
+                    help="the int8 rows' classifier: int8 (--quantize-dense, as ORT's QGemm) or float (relay's default)")
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--stock-bare", action="store_true",
                     help="also time a bare loop with MetaSchedule's stock builder, runner and search (4 min "
@@ -723,10 +725,9 @@ def main() -> None:
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
 
     t_start = time.time()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
-    meta = {"commit": commit.strip(), "threads": args.threads, "trials_per_task": args.trials, "runs": args.runs,
+    meta = {"commit": machine.source_commit(), "threads": args.threads, "trials_per_task": args.trials, "runs": args.runs,
             "allocation": args.allocation, "records_library": args.records_library,
-            "blocks": {m: fp32_block(m) for m in MODELS},
+            "blocks": {m: fp32_block(m) for m in MODELS}, "int8_dense": args.int8_dense,
             **machine.cpu(), "date": time.strftime("%Y-%m-%d %H:%M")}
     previous = args.out / "compare.json"
     if args.resume and previous.exists():
@@ -805,21 +806,26 @@ def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int]
     one board keeps one: a workload two of them share (resnet18's float stem conv, in fp32
     and in int8) is tuned once, and the cost model learns from all of them. Each task still
     gets exactly the stated number of its own trials."""
+    dense = [] if kind.startswith("fp32") or args.int8_dense == "float" else ["--quantize-dense"]
     extra = ["--records-library", args.records_library, *(
         [] if kind == "fp32" else ["--pack", *MODELS[name]["pack"]] if kind == "fp32-packed"
-        else ["--vta", "--pack-layout", kind, *MODELS[name]["int8"]])]
+        else ["--vta", "--pack-layout", kind, *MODELS[name]["int8"], *dense])]
     label = ({"fp32": FP32_LAYOUTS["nchw"], "fp32-packed": FP32_LAYOUTS["packed"].format(block=fp32_block(name))}
              .get(kind) or INT8_LAYOUTS.get(kind))
     key = {"fp32": "fp32", "fp32-packed": "fp32 packed"}.get(kind, f"int8 {kind}")
+    if dense:  # a run with the classifier in int8 is a row (and a curve) of its own
+        label, key, kind_key = f"{label}, int8 classifier", f"{key} int8-dense", f"{kind}+dense"
+    else:
+        kind_key = kind
     for j, trials in enumerate(budgets):  # later budgets continue from the earlier records
-        if f"{name}/{kind}/{trials}" in res["pipeline_runs"]:  # resumed
+        if f"{name}/{kind_key}/{trials}" in res["pipeline_runs"]:  # resumed
             continue
         # fp32 NCHW: its conv2d tasks (as before); packed fp32: every task (auto), since all
         # of it runs on the CPU and its layout transforms are tasks too; int8: auto.
         r = pipeline_run(name, "torchvision", args.store / "pipeline", trials, args.threads, args.runs,
                          extra, task_filter="conv2d" if kind == "fp32" else "auto", board=board,
                          allocation=args.allocation, in_process=True)
-        res["pipeline_runs"][f"{name}/{kind}/{trials}"] = {k: v for k, v in r.items() if k != "result"}
+        res["pipeline_runs"][f"{name}/{kind_key}/{trials}"] = {k: v for k, v in r.items() if k != "result"}
         res["where_the_time_goes"][f"{name} {key}"] = time_split(r["result"])
         if key.startswith("fp32") and j == 0 and not any(x["model"] == name and x["engine"] == "TVM untuned"
                                                           for x in res["rows"]):

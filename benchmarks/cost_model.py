@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -64,8 +63,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    res = {"meta": {"commit": commit.stdout.strip(), "model": args.model, "trials_per_task": args.trials,
+    from vta_pipeline import machine
+
+    res = {"meta": {"commit": machine.source_commit(), "model": args.model, "trials_per_task": args.trials,
                     "batch": args.batch, "date": time.strftime("%Y-%m-%d %H:%M")}, "arms": {}}
     for cost in ARMS:
         with tempfile.TemporaryDirectory() as d:

@@ -32,6 +32,7 @@ def test_flags_override_the_config_file(tmp_path):
         ({"board": {"tracker": "localhost"}}, "HOST:PORT"),
         ({"model": {"source": "keras"}}, "model.source"),
         ({"model": {"source": "onnx"}}, "--onnx-path"),
+        ({"tune": {"records_library": "/no/such/library"}}, "library export --out DIR"),
     ],
 )
 def test_bad_values_name_the_key(values, needle):

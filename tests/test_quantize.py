@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from int8_nets import Blocks, build_run, randomize, to_relax, train_small_cnn
+from int8_nets import Blocks, SmallCNN, build_run, randomize, to_relax, train_small_cnn
 
 from vta_pipeline import emulate
 from vta_pipeline.config import ModelConfig, QuantizeConfig
 from vta_pipeline.errors import ConfigError
-from vta_pipeline.passes.graph import dtype_of, op_sequence
+from vta_pipeline.passes.graph import dtype_of, main_bindings, op_name, op_sequence
 from vta_pipeline.passes.quantize import QuantizeParams, Quantizer, quantize
 from vta_pipeline.quantize import calibrate
 
@@ -177,8 +177,32 @@ def test_calibrated_scales_follow_the_data(blocks):
     assert np.array_equal(y_tvm, y_emu)
 
 
-@pytest.mark.parametrize("mode", ["global_scale", "max"])
-def test_int8_accuracy_of_a_trained_cnn_is_within_two_points_of_float(mode):
+def _matmuls(mod):
+    """(input dtype, weight dtype, output dtype) of each matmul in main."""
+    return [(dtype_of(b.value.args[0]), dtype_of(b.value.args[1]), dtype_of(b.var))
+            for b in main_bindings(mod) if op_name(b.value) == "matmul"]
+
+
+def test_quantize_dense_makes_the_classifier_int8_x_int8_and_stays_bit_exact():
+    """relay's skip_dense_layer=False: the classifier reads int8 activations and int8 weights
+    (4x fewer weight bytes per run) into int32, its bias add stays int32 and only the
+    network's output is dequantized. The default keeps it float, as relay.quantize did."""
+    x = np.random.default_rng(3).standard_normal((2, 3, 16, 16)).astype("float32")
+    mod = to_relax(randomize(SmallCNN(), 0), x)
+    assert _matmuls(quantize(mod, QuantizeParams())[0]) == [("float32", "float32", "float32")]
+    q, layers = quantize(mod, QuantizeParams(quantize_dense=True))
+    assert _matmuls(q) == [("int8", "int8", "int32")]
+    dense = [l for l in layers if l.kind == "dense"]
+    assert len(dense) == 1 and dense[0].quantized and dense[0].weight_shape == [32, 4]
+    assert dense[0].acc_exp == dense[0].act_exp + dense[0].weight_exp
+    ops = _ops(q)
+    assert ops.index("add", ops.index("matmul")) < ops.index("astype", ops.index("matmul"))  # int32 bias, then float
+    y_tvm, (y_emu, _) = build_run(q, x), emulate.run(q, [x])
+    assert np.array_equal(y_tvm, y_emu), f"max diff {np.abs(y_tvm - y_emu).max()}"
+
+
+@pytest.mark.parametrize("mode, dense", [("global_scale", False), ("max", False), ("max", True)])
+def test_int8_accuracy_of_a_trained_cnn_is_within_two_points_of_float(mode, dense):
     import torch
 
     model, train, test = train_small_cnn()
@@ -186,12 +210,12 @@ def test_int8_accuracy_of_a_trained_cnn_is_within_two_points_of_float(mode):
     with torch.no_grad():
         float_acc = float((model(torch.from_numpy(x)).numpy().argmax(1) == labels).mean())
     mod = to_relax(model, x)
-    params = QuantizeParams()
+    params = QuantizeParams(quantize_dense=dense)
     if mode == "max":
         params.var_act_exp = calibrate(mod, QuantizeConfig(calibrate_mode="max"),
                                        [train[0][i:i + 512] for i in range(0, 2048, 512)])
     q, _ = quantize(mod, params)
     int8_acc = float((build_run(q, x).argmax(1) == labels).mean())
-    print(f"{mode}: float top-1 {float_acc:.3f}, int8 top-1 {int8_acc:.3f}")
+    print(f"{mode}, dense {'int8' if dense else 'float'}: float top-1 {float_acc:.3f}, int8 top-1 {int8_acc:.3f}")
     assert 0.8 < float_acc < 1.0  # the task is learnt but not trivial
     assert float_acc - int8_acc <= 0.02

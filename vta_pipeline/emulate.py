@@ -154,6 +154,8 @@ def _eval(name: str, call: Any, args: list[Any], out_dtype: str) -> np.ndarray:
         axes = [int(x) for x in a.axes] if a.axes is not None else None
         return np.transpose(args[0], axes)
     if name == "matmul":
+        if out_dtype.startswith("int"):  # int8 x int8 sums, exact in float64 below 2^53
+            return _cast(np.matmul(args[0].astype(np.float64), args[1].astype(np.float64)), out_dtype)
         return np.matmul(args[0].astype(np.float32), args[1].astype(np.float32))
     if name == "nn.softmax":
         x = args[0] - args[0].max(axis=int(a.axis), keepdims=True)

@@ -1,4 +1,5 @@
-"""Which CPU this is: every benchmark result and tuning comparison names it.
+"""Which CPU this is, and which commit of ours: every benchmark result and tuning comparison
+names both.
 
 Timings and tuning records compare only within one CPU: the machines we run on change
 between an AVX2-only EPYC and AVX-512 VNNI Xeons / Zen 4s, and an int8 conv is 4x faster
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -30,3 +32,17 @@ def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
     except OSError:
         pass
     return {"cpu": name, "isa": [f for f in ISA_FLAGS if f in flags], "logical_cpus": os.cpu_count() or 1}
+
+
+def source_commit() -> str:
+    """The source commit of this package (git, when it runs from a checkout), else its version."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=Path(__file__).parent,
+                             capture_output=True, text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    from importlib.metadata import version
+
+    return f"vta-pipeline {version('vta-pipeline')}"

@@ -7,7 +7,7 @@ input becomes the reference the compiled network must reproduce exactly; agreeme
 the float model is reported.
 
 Artifact: module.json (the quantized Relax module, weights bound), quantized.py (its
-Relax text, for reading), layers.json (per conv: quantized or not, exponents),
+Relax text, for reading), layers.json (per conv and dense layer: quantized or not, exponents),
 reference.npz (input, output = the integer emulation, float_output = the framework's).
 """
 
@@ -107,11 +107,12 @@ def quantize_model(model_dir: Path, cfg: QuantizeConfig, out_dir: Path, seed: in
         skip_conv_layers=tuple(cfg.skip_conv_layers),
         nbit_input=cfg.nbit_input,
         nbit_weight=cfg.nbit_weight,
+        quantize_dense=not cfg.skip_dense_layer,
     )
     if cfg.calibrate_mode != "global_scale":
         params.var_act_exp = calibrate(mod, cfg, calibration_inputs(cfg, tuple(x.shape), seed))
     qmod, layers = quantize(mod, params)
-    if not any(l.quantized for l in layers):
+    if not any(l.quantized for l in layers if l.kind == "conv2d"):
         skipped = [i for i in cfg.skip_conv_layers if 0 <= i < n_conv]
         if skipped and len(skipped) >= n_conv:
             raise ConfigError(
@@ -132,8 +133,9 @@ def quantize_model(model_dir: Path, cfg: QuantizeConfig, out_dir: Path, seed: in
     vs_float = agreement(y_int, y_float)
     return {
         "calibrate_mode": cfg.calibrate_mode,
-        "conv_layers": len(layers),
-        "quantized_layers": sum(l.quantized for l in layers),
-        "float_layers": [l.index for l in layers if not l.quantized],
+        "conv_layers": sum(l.kind == "conv2d" for l in layers),
+        "quantized_layers": sum(l.quantized for l in layers if l.kind == "conv2d"),
+        "quantized_dense_layers": sum(l.quantized for l in layers if l.kind == "dense"),
+        "float_layers": [l.index for l in layers if not l.quantized and l.kind == "conv2d"],
         "vs_float": vs_float,
     }

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -135,20 +134,6 @@ def seeds(library_dir: Path | None, workload_key: str, target, k: int) -> tuple[
 
 
 # ---- building it --------------------------------------------------------------------------------
-def commit() -> str:
-    """The source commit of this package (git, when it runs from a checkout), else its version."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=Path(__file__).parent,
-                             capture_output=True, text=True, timeout=10)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    from importlib.metadata import version
-
-    return f"vta-pipeline {version('vta-pipeline')}"
-
-
 def export(store_root: Path, target, out_dir: Path, *, k: int = PER_WORKLOAD,
            cpu_info: dict[str, Any] | None = None, source_commit: str | None = None) -> dict[str, Any]:
     """Add the store's best records for `target` to the library in `out_dir`.
@@ -168,7 +153,7 @@ def export(store_root: Path, target, out_dir: Path, *, k: int = PER_WORKLOAD,
                            f"(id {target.id}): tune with that target first, or pass the --target it was tuned with")
     alias = workload_keys.aliases(store_root)
     info = cpu_info or machine.cpu()
-    src = source_commit or commit()
+    src = source_commit or machine.source_commit()
     cls = class_json(target)
     fresh: list[dict[str, Any]] = []
     measured: dict[str, int] = {}

@@ -91,7 +91,9 @@ def fetch_step(store: ArtifactStore, model: ModelConfig) -> Artifact:
 
 # ---- quantize ---------------------------------------------------------------------------------
 def _quantize_config(cfg: QuantizeConfig, seed: int) -> dict[str, Any]:
-    return {**cfg.model_dump(mode="json", exclude={"enabled", "calibration_data"}), "seed": seed}
+    # skip_dense_layer only when off: stores quantized before it existed keep their keys
+    exclude = {"enabled", "calibration_data"} | ({"skip_dense_layer"} if cfg.skip_dense_layer else set())
+    return {**cfg.model_dump(mode="json", exclude=exclude), "seed": seed}
 
 
 def quantize_key(store: ArtifactStore, model_id: str, cfg: QuantizeConfig, seed: int = 0) -> str:

@@ -181,9 +181,9 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
     int8_dot.register()  # tensorized records replay by the intrinsic's name
     workload_mod = tvm.ir.load_json(Path(task_file).read_text())
     trials_before = len(read_trials(work_dir))
-    if seeds:
+    if seeds and _fresh(work_dir):
         _warm_start(work_dir, task_name, workload_mod, seeds, previous_best_ms, seed_hashes)
-    elif library and library[0]:
+    elif library and library[0] and _fresh(work_dir):
         _stage_library(work_dir, task_name, library)
     stopped = _search(work_dir, task_name, workload_mod, target, board, tune, measure, progress, cross_compiler)
     threads = _measure_after_search(work_dir, task_name, workload_mod, target, board, measure, tune, cross_compiler)
@@ -194,13 +194,17 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
                     tune.session, previous_best_ms, threads)
 
 
+def _fresh(work_dir: Path) -> bool:
+    """Whether a work dir starts its first search now: a started one was seeded (or staged)
+    already, or tuned without seeds, and is never seeded again."""
+    return not read_state(work_dir) and not (work_dir / "warm_start.json").exists()
+
+
 def _warm_start(work_dir: Path, task_name: str, workload_mod, seeds: list[Any], previous_best_ms: float | None,
                 seed_hashes: list[str]) -> None:
-    """Seed a fresh work dir, once, with earlier sessions' records (see `task_database.seed_database`)."""
+    """Seed a fresh work dir with earlier sessions' records (see `task_database.seed_database`)."""
     from tvm.s_tir import meta_schedule as ms
 
-    if read_state(work_dir) or (work_dir / "warm_start.json").exists():
-        return  # not fresh: seeded before, or tuned without seeds
     seeded = seed_database(ms.database.JSONDatabase(work_dir=str(work_dir)), workload_mod, seeds)
     atomic_write_text(work_dir / "warm_start.json",
                       json.dumps({"seeded": seeded, "previous_best_ms": previous_best_ms,
@@ -213,8 +217,6 @@ def _stage_library(work_dir: Path, task_name: str, library: tuple[list[Any], dic
     """Keep the library's records in a fresh work dir (`library_seeds.json`): every search
     round of this work dir measures those not measured yet first, so a kill before they
     were measured loses nothing."""
-    if read_state(work_dir) or (work_dir / "warm_start.json").exists():
-        return  # not fresh: seeded before, or tuned without seeds
     records, note = library
     atomic_write_text(work_dir / LIBRARY_SEEDS, json.dumps({"records": records, "provenance": note}))
     atomic_write_text(work_dir / "warm_start.json", json.dumps({"seeded": 0, "library": dict(note, records=len(records))}))

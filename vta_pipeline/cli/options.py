@@ -34,6 +34,9 @@ BfactorOpt = Annotated[Optional[int], typer.Option(help="Batch block (default: V
 CfactorOpt = Annotated[Optional[int], typer.Option(help="Channel block (default: VTA BLOCK_OUT).")]
 PackLayoutOpt = Annotated[Optional[str], typer.Option(
     help="Packed weights: vta (OIHW16o16i, VTA's) | x86 (OIHW16o4i + uint8 activations: the CPU's int8 dot product).")]
+QuantizeDenseOpt = Annotated[Optional[bool], typer.Option(
+    "--quantize-dense/--float-dense",
+    help="Quantize dense layers (the classifier) to int8 too, as ONNX Runtime's QGemm does (default: float).")]
 PadChannelsOpt = Annotated[Optional[bool], typer.Option(
     "--pad-channels/--no-pad-channels",
     help="Zero-pad channel counts --cfactor does not divide (values unchanged) instead of refusing them.")]

@@ -22,6 +22,7 @@ from vta_pipeline.cli.options import (
     OnnxOpt,
     PackLayoutOpt,
     PadChannelsOpt,
+    QuantizeDenseOpt,
     PackOpt,
     PackStartIdxOpt,
     PackStartOpt,
@@ -84,6 +85,7 @@ def run(
     cfactor: CfactorOpt = None,
     pack_layout: PackLayoutOpt = None,
     pad_channels: PadChannelsOpt = None,
+    quantize_dense: QuantizeDenseOpt = None,
     session: Annotated[Optional[str], typer.Option(
         help="Tuning session (e.g. tonight's date): a new session tunes a full budget of its own.")] = None,
     warm_start: Annotated[Optional[int], typer.Option(
@@ -120,7 +122,7 @@ def run(
             "tune.records_library": records_library, "guard.max_regression_pct": max_regression_pct,
             **_int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode,
                               calibration_data, pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx,
-                              bfactor, cfactor, pack_layout, pad_channels),
+                              bfactor, cfactor, pack_layout, pad_channels, quantize_dense),
         })
         from vta_pipeline import steps
 

@@ -23,6 +23,7 @@ from vta_pipeline.cli.options import (
     OnnxOpt,
     PackLayoutOpt,
     PadChannelsOpt,
+    QuantizeDenseOpt,
     PackOpt,
     PackStartIdxOpt,
     PackStartOpt,
@@ -65,6 +66,7 @@ def tasks_cmd(
     cfactor: CfactorOpt = None,
     pack_layout: PackLayoutOpt = None,
     pad_channels: PadChannelsOpt = None,
+    quantize_dense: QuantizeDenseOpt = None,
 ):
     """Fetch (quantize, pack) the model and print its tuning tasks, cached in the store like a run's.
     The workload columns are the VTA recipe's; packed tasks count batch = N/b*b, in_filter = C/c*c."""
@@ -80,7 +82,7 @@ def tasks_cmd(
             "store": store and str(store), "tune.task_filter": task_filter,
             **_int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode,
                               calibration_data, pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx,
-                              bfactor, cfactor, pack_layout, pad_channels),
+                              bfactor, cfactor, pack_layout, pad_channels, quantize_dense),
         })
         tgt = resolve_target(cfg.target)
         st = ArtifactStore(cfg.store)

@@ -5,6 +5,9 @@ The arithmetic is what VTA executes (and what `relay.quantize` produced for it):
 - a quantized conv2d takes int8 activations at exponent `a` and int8 weights at
   exponent `w` (power-of-two weight scale: w = nbit-1 - ceil(log2 max|W|)), and
   accumulates in int32 at exponent a + w;
+- a dense layer (matmul with constant 2-D weights: the classifier) stays float unless
+  `quantize_dense` (relay.quantize's skip_dense_layer=False): then it is int8 x int8 ->
+  int32 like a conv, its weights at their own power-of-two exponent;
 - bias adds become int32 adds of the bias rounded at the accumulator's exponent; relu,
   relu6 (clip), max pool, avg pool (int32, truncating division), residual adds and
   concats (operands shifted to the coarser exponent) stay in int32;
@@ -42,6 +45,7 @@ class QuantizeParams:
     skip_conv_layers: tuple[int, ...] = (0,)
     nbit_input: int = 8
     nbit_weight: int = 8
+    quantize_dense: bool = False  # matmuls with constant weights too (relay's skip_dense_layer=False)
 
     @staticmethod
     def exp_for_bound(bound: float, nbit: int) -> int:
@@ -62,6 +66,7 @@ class LayerRecord:
     act_exp: int | None = None
     weight_exp: int | None = None
     acc_exp: int | None = None
+    kind: str = "conv2d"  # or "dense" (`index` counts each kind on its own)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,8 +95,8 @@ def fold_batch_norm(mod: tvm.IRModule) -> tvm.IRModule:
 def activation_uses(mod: tvm.IRModule) -> list[tuple[Any, str, int | None, Any]]:
     """Every use of a variable in main, in binding order: (var, how, conv index, call).
 
-    `how`: "conv" (the data of a conv2d, the `conv index`-th of the graph), "add" / "concat"
-    (an operand), "other" (any other argument, a conv's weights, the function's output). A
+    `how`: "conv" (the data of a conv2d, the `conv index`-th of the graph), "dense" (the data
+    of a matmul with constant weights), "add" / "concat" (an operand), "other" (any other argument, a conv's weights, the function's output). A
     variable used through a tuple is used as the tuple is. The one walk behind both
     questions the quantizer asks: which activations may be quantized, and which are only
     ever quantized."""
@@ -120,6 +125,9 @@ def activation_uses(mod: tvm.IRModule) -> list[tuple[Any, str, int | None, Any]]
             use(v.args[0], "conv", conv, v)
             conv += 1
             rest = v.args[1:]
+        elif _dense_weights(v) is not None:
+            use(v.args[0], "dense", None, v)
+            rest = v.args[1:]
         elif name in ("add", "concat"):
             for a in v.args:
                 use(a, name, None, v)
@@ -133,8 +141,8 @@ def activation_uses(mod: tvm.IRModule) -> list[tuple[Any, str, int | None, Any]]
 
 
 def quantization_points(mod: tvm.IRModule) -> list[Any]:
-    """The float activations that may be quantized: conv inputs and the operands of adds and
-    concats (a float operand next to a quantized one is quantized); what calibration measures."""
+    """The float activations that may be quantized: conv and dense inputs and the operands of
+    adds and concats (a float operand next to a quantized one is quantized); what calibration measures."""
     points: list[Any] = []
     for var, how, _, _ in activation_uses(mod):
         if how != "other" and var not in points:
@@ -142,17 +150,26 @@ def quantization_points(mod: tvm.IRModule) -> list[Any]:
     return points
 
 
-def quantized_only(mod: tvm.IRModule, skip_conv_layers: tuple[int, ...]) -> set[Any]:
+def quantized_only(mod: tvm.IRModule, skip_conv_layers: tuple[int, ...], dense: bool = False) -> set[Any]:
     """Variables every use of which quantizes them: the data of a conv that is quantized (not
-    in `skip_conv_layers`), an operand of an add or a concat. A float max pool producing
+    in `skip_conv_layers`), of a dense layer when `dense` layers are quantized, an operand of an add or a concat. A float max pool producing
     one of them can run on the int8 value instead (see `Quantizer.rewrite`); any other use
     (the output, a float op) would then read a dequantized value where it read the float one."""
     quantizes: dict[Any, bool] = {}
     for var, how, index, call in activation_uses(mod):
         q = (how in ("add", "concat")
-             or how == "conv" and index not in skip_conv_layers and const_value(call.args[1]) is not None)
+             or how == "conv" and index not in skip_conv_layers and const_value(call.args[1]) is not None
+             or how == "dense" and dense)
         quantizes[var] = quantizes.get(var, True) and q
     return {var for var, q in quantizes.items() if q}
+
+
+def _dense_weights(call: Any) -> np.ndarray | None:
+    """The constant 2-D float weights of a dense layer (`matmul(x, W)`), else None."""
+    if op_name(call) != "matmul" or len(call.args) != 2:
+        return None
+    w = const_value(call.args[1])
+    return w if w is not None and w.ndim == 2 and str(w.dtype) == "float32" else None
 
 
 def _i32(x: int) -> relax.Expr:
@@ -169,6 +186,7 @@ class Quantizer(Rebuilder):
         self.deq: dict[Any, Any] = {}
         self.req: dict[tuple[Any, int], Any] = {}
         self.conv_index = 0
+        self.dense_index = 0
         self.layers: list[LayerRecord] = []
         self.quantize_before_pool: set[Any] = set()  # see `quantized_only`
 
@@ -238,6 +256,8 @@ class Quantizer(Rebuilder):
         name_hint = str(var.name)
         if name == "nn.conv2d":
             return self._conv(v, var)
+        if _dense_weights(v) is not None:
+            return self._dense(v, var)
         if name == "add" and any(quant):
             qi = 0 if quant[0] else 1
             other = v.args[1 - qi]
@@ -312,14 +332,33 @@ class Quantizer(Rebuilder):
         if idx in self.p.skip_conv_layers or w is None or dtype_of(call.args[0]) != "float32":
             return self.copy_call(call, var)
         act = self._exp_for(call.args[0])
-        wmax = float(np.abs(w).max())
-        wexp = QuantizeParams.exp_for_bound(wmax, self.p.nbit_weight)
-        wq = np.clip(np.round(w.astype(np.float64) * 2.0**wexp), -self.qmax_w, self.qmax_w).astype("int8")
+        wq, wexp = self._weights(w)
         xq = self._to_int8(call.args[0], act)
         acc = self.emit(relax.op.nn.conv2d(
             xq, relax.const(wq), a.strides, a.padding, a.dilation, a.groups,
             a.data_layout, a.kernel_layout, a.out_layout, out_dtype="int32",
         ), str(var.name))  # fmt: skip
+        rec.quantized, rec.act_exp, rec.weight_exp, rec.acc_exp = True, act, wexp, act + wexp
+        return self._set(var, acc, act + wexp)
+
+    def _weights(self, w: np.ndarray) -> tuple[np.ndarray, int]:
+        """int8 weights at the power-of-two exponent their largest magnitude allows."""
+        wexp = QuantizeParams.exp_for_bound(float(np.abs(w).max()), self.p.nbit_weight)
+        return np.clip(np.round(w.astype(np.float64) * 2.0**wexp), -self.qmax_w, self.qmax_w).astype("int8"), wexp
+
+    def _dense(self, call: Any, var: Any) -> Any:
+        idx = self.dense_index
+        self.dense_index += 1
+        w = _dense_weights(call)
+        rec = LayerRecord(idx, str(var.name), 1, list(shape_of(call.args[0]) or []), list(w.shape),
+                          quantized=False, kind="dense")
+        self.layers.append(rec)
+        if not self.p.quantize_dense:
+            return self.copy_call(call, var)
+        act = self._exp_for(call.args[0])
+        wq, wexp = self._weights(w)
+        acc = self.emit(relax.op.matmul(self._to_int8(call.args[0], act), relax.const(wq), out_dtype="int32"),
+                        str(var.name))
         rec.quantized, rec.act_exp, rec.weight_exp, rec.acc_exp = True, act, wexp, act + wexp
         return self._set(var, acc, act + wexp)
 
@@ -331,7 +370,7 @@ class Quantizer(Rebuilder):
 def quantize(mod: tvm.IRModule, params: QuantizeParams) -> tuple[tvm.IRModule, list[LayerRecord]]:
     """Quantize a BN-folded float module (see `fold_batch_norm`); returns it and the layer table."""
     q = Quantizer(params)
-    q.quantize_before_pool = quantized_only(mod, params.skip_conv_layers)
+    q.quantize_before_pool = quantized_only(mod, params.skip_conv_layers, params.quantize_dense)
     out = q.run(mod)
     return out, q.layers
 
