@@ -384,23 +384,24 @@ def side_by_side(store: Path, result: dict[str, Any], board: Any, ref: "Referenc
     Timed twice: each engine starting right after the other (as until 296fe1f), then each
     after SETTLE_S seconds, once the other's spinning threads have gone to sleep. The
     settled pair is the result; the other stays beside it as `unsettled`."""
-    quick = in_turn(store, result, board, ref, engine, runs, rounds, settle_s=0.0)
-    return {**in_turn(store, result, board, ref, engine, runs, rounds, settle_s=SETTLE_S),
-            "unsettled": {k: v for k, v in quick.items() if k not in ("engine", "rounds")}}
-
-
-def in_turn(store: Path, result: dict[str, Any], board: Any, ref: "References", engine: str,
-            runs: int, rounds: int, settle_s: float) -> dict[str, Any]:
-    """One `side_by_side` timing, each engine's turn starting `settle_s` seconds after the other's."""
-    from vta_pipeline import evaluate as ev_mod
     from vta_pipeline import importers
     from vta_pipeline.build import LIB
 
     evaluation = stored(store, result["tuned"]["evaluation_id"])
     lib = stored(store, evaluation.manifest["inputs"]["lib"]).file(LIB)
     reference = importers.load_reference(stored(store, evaluation.manifest["inputs"]["reference"]).path)
-    cfg = result["config"]["evaluate"]
     per_round = max(3, runs // rounds)
+    setup = (lib, reference, result["config"]["evaluate"], board, ref, engine, per_round, rounds)
+    quick = in_turn(*setup, settle_s=0.0)
+    return {**in_turn(*setup, settle_s=SETTLE_S),
+            "unsettled": {k: v for k, v in quick.items() if k not in ("engine", "rounds")}}
+
+
+def in_turn(lib: Path, reference: Any, cfg: dict[str, Any], board: Any, ref: "References", engine: str,
+            per_round: int, rounds: int, settle_s: float) -> dict[str, Any]:
+    """One `side_by_side` timing, each engine's turn starting `settle_s` seconds after the other's."""
+    from vta_pipeline import evaluate as ev_mod
+
     ours: list[list[float]] = []
     theirs: list[list[float]] = []
     for _ in range(rounds):
@@ -725,7 +726,8 @@ def main() -> None:
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
 
     t_start = time.time()
-    meta = {"commit": machine.source_commit(), "threads": args.threads, "trials_per_task": args.trials, "runs": args.runs,
+    meta = {"commit": machine.source_commit(), "threads": args.threads, "trials_per_task": args.trials,
+            "runs": args.runs,
             "allocation": args.allocation, "records_library": args.records_library,
             "blocks": {m: fp32_block(m) for m in MODELS}, "int8_dense": args.int8_dense,
             **machine.cpu(), "date": time.strftime("%Y-%m-%d %H:%M")}
@@ -813,10 +815,9 @@ def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int]
     label = ({"fp32": FP32_LAYOUTS["nchw"], "fp32-packed": FP32_LAYOUTS["packed"].format(block=fp32_block(name))}
              .get(kind) or INT8_LAYOUTS.get(kind))
     key = {"fp32": "fp32", "fp32-packed": "fp32 packed"}.get(kind, f"int8 {kind}")
-    if dense:  # a run with the classifier in int8 is a row (and a curve) of its own
-        label, key, kind_key = f"{label}, int8 classifier", f"{key} int8-dense", f"{kind}+dense"
-    else:
-        kind_key = kind
+    kind_key = f"{kind}+dense" if dense else kind  # the int8 classifier: a row (and a curve) of its own
+    if dense:
+        label, key = f"{label}, int8 classifier", f"{key} int8-dense"
     for j, trials in enumerate(budgets):  # later budgets continue from the earlier records
         if f"{name}/{kind_key}/{trials}" in res["pipeline_runs"]:  # resumed
             continue
@@ -919,8 +920,8 @@ def write(res: dict[str, Any], seconds: float, out: Path = OUT) -> str:
         md += ["", "Each tuned build timed again on the board in turn with its reference in this process "
                f"({pairs[0][3]['rounds']} rounds; the host drifts within a run, and the pipeline's own evaluation "
                "runs inside its flow, minutes from the reference's timing):", "",
-               "| model | TVM row | pipeline's evaluation ms | in turn: ours ms | in turn: reference | ms | ours / reference "
-               "| no wait between turns: ours ms | reference ms | ours / reference |",
+               "| model | TVM row | pipeline's evaluation ms | in turn: ours ms | in turn: reference | ms "
+               "| ours / reference | no wait between turns: ours ms | reference ms | ours / reference |",
                "|---|---|---|---|---|---|---|---|---|---|"]
         md += [f"| {m} | {row} | {ev:.2f} | {p['ours_ms']:.2f} | {p['engine']} | {p['reference_ms']:.2f} | "
                f"{p['ours_ms'] / p['reference_ms']:.3f} | {unsettled(p)} |" for m, row, ev, p in pairs]

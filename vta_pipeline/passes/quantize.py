@@ -96,8 +96,9 @@ def activation_uses(mod: tvm.IRModule) -> list[tuple[Any, str, int | None, Any]]
     """Every use of a variable in main, in binding order: (var, how, conv index, call).
 
     `how`: "conv" (the data of a conv2d, the `conv index`-th of the graph), "dense" (the data
-    of a matmul with constant weights), "add" / "concat" (an operand), "other" (any other argument, a conv's weights, the function's output). A
-    variable used through a tuple is used as the tuple is. The one walk behind both
+    of a matmul with constant weights), "add" / "concat" (an operand), "other" (any other
+    argument, a conv's weights, the function's output). A variable used through a tuple is
+    used as the tuple is. The one walk behind both
     questions the quantizer asks: which activations may be quantized, and which are only
     ever quantized."""
     uses: list[tuple[Any, str, int | None, Any]] = []
@@ -142,7 +143,8 @@ def activation_uses(mod: tvm.IRModule) -> list[tuple[Any, str, int | None, Any]]
 
 def quantization_points(mod: tvm.IRModule) -> list[Any]:
     """The float activations that may be quantized: conv and dense inputs and the operands of
-    adds and concats (a float operand next to a quantized one is quantized); what calibration measures."""
+    adds and concats (a float operand next to a quantized one is quantized); what calibration
+    measures."""
     points: list[Any] = []
     for var, how, _, _ in activation_uses(mod):
         if how != "other" and var not in points:
@@ -152,9 +154,10 @@ def quantization_points(mod: tvm.IRModule) -> list[Any]:
 
 def quantized_only(mod: tvm.IRModule, skip_conv_layers: tuple[int, ...], dense: bool = False) -> set[Any]:
     """Variables every use of which quantizes them: the data of a conv that is quantized (not
-    in `skip_conv_layers`), of a dense layer when `dense` layers are quantized, an operand of an add or a concat. A float max pool producing
-    one of them can run on the int8 value instead (see `Quantizer.rewrite`); any other use
-    (the output, a float op) would then read a dequantized value where it read the float one."""
+    in `skip_conv_layers`), of a dense layer when `dense` layers are quantized, an operand of
+    an add or a concat. A float max pool producing one of them can run on the int8 value
+    instead (see `Quantizer.rewrite`); any other use (the output, a float op) would then read
+    a dequantized value where it read the float one."""
     quantizes: dict[Any, bool] = {}
     for var, how, index, call in activation_uses(mod):
         q = (how in ("add", "concat")
@@ -256,8 +259,9 @@ class Quantizer(Rebuilder):
         name_hint = str(var.name)
         if name == "nn.conv2d":
             return self._conv(v, var)
-        if _dense_weights(v) is not None:
-            return self._dense(v, var)
+        w = _dense_weights(v)
+        if w is not None:
+            return self._dense(v, var, w)
         if name == "add" and any(quant):
             qi = 0 if quant[0] else 1
             other = v.args[1 - qi]
@@ -346,10 +350,10 @@ class Quantizer(Rebuilder):
         wexp = QuantizeParams.exp_for_bound(float(np.abs(w).max()), self.p.nbit_weight)
         return np.clip(np.round(w.astype(np.float64) * 2.0**wexp), -self.qmax_w, self.qmax_w).astype("int8"), wexp
 
-    def _dense(self, call: Any, var: Any) -> Any:
+    def _dense(self, call: Any, var: Any, w: np.ndarray) -> Any:
+        """A dense layer with constant weights `w` (`_dense_weights`): int8 when quantize_dense."""
         idx = self.dense_index
         self.dense_index += 1
-        w = _dense_weights(call)
         rec = LayerRecord(idx, str(var.name), 1, list(shape_of(call.args[0]) or []), list(w.shape),
                           quantized=False, kind="dense")
         self.layers.append(rec)
