@@ -68,6 +68,13 @@ MODELS = {
                      "pack": ["--pack-start", "nn.conv2d", "--pack-start-idx", "0", "--cfactor", "8"],
                      "int8": ["--pack-start", "nn.conv2d", "--pack-start-idx", "0", "--cfactor", "8", "--calibrate-mode", "max"]},
 }
+# The packed rows' stem (--stem packed): the stem conv packed too, its image one channel block
+# (graph pack's --pack-stem); the int8 rows quantize it and run it on the dot product, the image
+# padded to 4 channels. resnet18's
+# float stem was its int8 network's gap to ONNX Runtime's (2.38 ms vs ORT's int8 stem at 1.76),
+# and the pack after mobilenet_v2's stem took 0.18 ms (intel_sbs_5957b13).
+STEM = ["--pack-start", "nn.conv2d", "--pack-start-idx", "0", "--pack-stem"]
+STEM_INT8 = ["--skip-conv-layers", "", *STEM]
 # One Prefect server for every pipeline run, as a user's runs report to theirs: each run
 # would otherwise start a temporary one (12-20 s here) and tear it down.
 PREFECT_ENV: dict[str, str] = {}
@@ -706,6 +713,10 @@ def main() -> None:
                          "(mobilenet_v2=16)")
     ap.add_argument("--int8-dense", default="int8", choices=["int8", "float"],
                     help="the int8 rows' classifier: int8 (--quantize-dense, as ORT's QGemm) or float (relay's default)")
+    ap.add_argument("--stem", default="packed", choices=["packed", "plain"],
+                    help="the packed rows' stem conv (fp32 packed, int8 x86): packed, its image one channel block "
+                         "(graph pack's --pack-stem; int8 rows quantize it and run it on the dot product), or plain "
+                         "(NCHW; int8 rows keep it float, relay's skip_conv_layers=[0])")
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--stock-bare", action="store_true",
                     help="also time a bare loop with MetaSchedule's stock builder, runner and search (4 min "
@@ -730,6 +741,7 @@ def main() -> None:
             "runs": args.runs,
             "allocation": args.allocation, "records_library": args.records_library,
             "blocks": {m: fp32_block(m) for m in MODELS}, "int8_dense": args.int8_dense,
+            "stem": args.stem,
             **machine.cpu(), "date": time.strftime("%Y-%m-%d %H:%M")}
     previous = args.out / "compare.json"
     if args.resume and previous.exists():
@@ -809,15 +821,19 @@ def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int]
     and in int8) is tuned once, and the cost model learns from all of them. Each task still
     gets exactly the stated number of its own trials."""
     dense = [] if kind.startswith("fp32") or args.int8_dense == "float" else ["--quantize-dense"]
+    stem = [] if args.stem == "plain" else STEM if kind == "fp32-packed" else STEM_INT8 if kind == "x86" else []
     extra = ["--records-library", args.records_library, *(
-        [] if kind == "fp32" else ["--pack", *MODELS[name]["pack"]] if kind == "fp32-packed"
-        else ["--vta", "--pack-layout", kind, *MODELS[name]["int8"], *dense])]
+        [] if kind == "fp32" else ["--pack", *MODELS[name]["pack"], *stem] if kind == "fp32-packed"
+        else ["--vta", "--pack-layout", kind, *MODELS[name]["int8"], *dense, *stem])]
     label = ({"fp32": FP32_LAYOUTS["nchw"], "fp32-packed": FP32_LAYOUTS["packed"].format(block=fp32_block(name))}
              .get(kind) or INT8_LAYOUTS.get(kind))
     key = {"fp32": "fp32", "fp32-packed": "fp32 packed"}.get(kind, f"int8 {kind}")
-    kind_key = f"{kind}+dense" if dense else kind  # the int8 classifier: a row (and a curve) of its own
+    # the int8 classifier and the int8 stem: rows (and curves) of their own
+    kind_key = kind + "+dense" * bool(dense) + "+stem" * bool(stem)
     if dense:
         label, key = f"{label}, int8 classifier", f"{key} int8-dense"
+    if stem:
+        label, key = f"{label}, {'int8 ' * (kind == 'x86')}stem packed", f"{key} stem-packed"
     for j, trials in enumerate(budgets):  # later budgets continue from the earlier records
         if f"{name}/{kind_key}/{trials}" in res["pipeline_runs"]:  # resumed
             continue

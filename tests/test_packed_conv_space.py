@@ -540,3 +540,53 @@ def test_an_int8_build_in_blocks_of_8_is_bit_identical_to_the_emulation(int8_net
     assert np.array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), y_emu)
     asm = _tuned_asm(lowered, HERE, tmp_path / "db")
     assert len(re.findall(r"vpmaddubsw\s+[^\n]*%ymm", asm)) >= 5
+
+
+# ---- an int8 stem: the image's channels padded to 4, one dot-product group ------------------------
+@pytest.fixture(scope="module")
+def int8_stem_network():
+    intrin_registry.load()
+    int8_dot.register()
+    model = randomize(Residual(), 0)
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype("float32")
+    q, _ = quantize(to_relax(model, x), QuantizeParams(skip_conv_layers=()))
+    x86, _ = graph_pack(q, PackParams(start_name="nn.conv2d", layout="x86", stem=True))
+    lowered = lower_for_tuning(x86)
+    (stem,) = [t for t in _tasks(lowered, HERE) if _data_lanes(t.dispatched[0]) == 4]
+    return q, lowered, x, stem
+
+
+def _data_lanes(workload) -> int | None:
+    """The innermost extent of the data a task's conv reads (a packed conv's data block)."""
+    from tvm.s_tir import Schedule
+
+    sch = Schedule(workload)
+    block, _ = packed_conv_space._conv_block(sch)
+    return None if block is None else int(sch.get(block).reads[0].source.shape[-1])
+
+
+@pytest.mark.parametrize("spec, instruction", [(HERE, "vpmaddubsw"), (CASCADELAKE, "vpdpbusd")])
+def test_an_int8_stem_gets_the_signed_dot_product_over_its_4_channels(int8_stem_network, tmp_path, spec, instruction):
+    # the image is signed (normalized): the dot product's signed form, 16 lanes x the 4 channels
+    _, lowered, _, stem = int8_stem_network
+    target = tvm.target.Target(spec)
+    assert packed_conv_space.conv_kind(stem.dispatched[0], target) == "dot"
+    (sch,) = _samples(stem.dispatched[0], spec, 1)
+    assert int8_dot.intrinsic_for(target, 16, signed=True) in str(sch.trace)
+    assert _commit_samples(lowered, spec, tmp_path / "db", 4, kinds=("dot",)) >= 4
+    asm = _tuned_asm(lowered, spec, tmp_path / "db")
+    assert instruction in asm
+
+
+@pytest.mark.skipif(not host_has_avx2, reason="this CPU has no AVX2: the tensorized module cannot run here")
+def test_a_build_with_an_int8_stem_is_bit_identical_to_the_emulation(int8_stem_network, tmp_path):
+    q, lowered, x, _ = int8_stem_network
+    for d in ("extract", "out"):
+        (tmp_path / d).mkdir()
+    (tmp_path / "extract" / "lowered.json").write_text(tvm.ir.save_json(lowered))
+    assert _commit_samples(lowered, HERE, tmp_path / "db", 11, kinds=("dot",)) >= 4
+    build_network(tmp_path / "extract", HERE, tmp_path / "out", best_db_dir=tmp_path / "db")
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "out" / LIB)), tvm.cpu())
+    y_emu, _ = emulate.run(q, [x])
+    assert np.abs(y_emu).max() > 0
+    assert np.array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), y_emu)

@@ -207,6 +207,11 @@ class PackConfig(_Strict):
         False, description="Zero-pad channel counts that cfactor does not divide up to the next multiple inside the "
                            "region (values unchanged), instead of refusing them: mobilenet_v2's 24-channel layers in "
                            "blocks of 16, one AVX-512 register.")
+    stem: bool = Field(
+        False, description="Pack the start operator too, when it is a conv over fewer channels than cfactor (an "
+                           "image's 3): its input packed as one block (int8: zero-padded to 4 channels, so the stem "
+                           "runs on the CPU's dot product; x86 layout) and its output in the block. Start the region "
+                           "at the stem: --pack-start nn.conv2d; quantize it: --skip-conv-layers ''.")
 
 
 class BoardConfig(_Strict):

@@ -36,6 +36,7 @@ def pack_params(pack: PackConfig, vta: VTAConfig):
         stop_name_idx=pack.stop_name_idx,
         layout=pack.layout,
         pad_channels=pack.pad_channels,
+        stem=pack.stem,
     )
 
 

@@ -40,5 +40,8 @@ QuantizeDenseOpt = Annotated[Optional[bool], typer.Option(
 PadChannelsOpt = Annotated[Optional[bool], typer.Option(
     "--pad-channels/--no-pad-channels",
     help="Zero-pad channel counts --cfactor does not divide (values unchanged) instead of refusing them.")]
+PackStemOpt = Annotated[Optional[bool], typer.Option(
+    "--pack-stem/--no-pack-stem",
+    help="Pack the start conv too (its image as one channel block; int8: padded to 4, on the CPU's dot product).")]
 # the history sub-commands' --json
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON rows instead of a table.")]

@@ -22,6 +22,7 @@ from vta_pipeline.cli.options import (
     ModelOpt,
     OnnxOpt,
     PackLayoutOpt,
+    PackStemOpt,
     PadChannelsOpt,
     QuantizeDenseOpt,
     PackOpt,
@@ -67,6 +68,7 @@ def tasks_cmd(
     pack_layout: PackLayoutOpt = None,
     pad_channels: PadChannelsOpt = None,
     quantize_dense: QuantizeDenseOpt = None,
+    pack_stem: PackStemOpt = None,
 ):
     """Fetch (quantize, pack) the model and print its tuning tasks, cached in the store like a run's.
     The workload columns are the VTA recipe's; packed tasks count batch = N/b*b, in_filter = C/c*c."""
@@ -82,7 +84,7 @@ def tasks_cmd(
             "store": store and str(store), "tune.task_filter": task_filter,
             **_int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode,
                               calibration_data, pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx,
-                              bfactor, cfactor, pack_layout, pad_channels, quantize_dense),
+                              bfactor, cfactor, pack_layout, pad_channels, quantize_dense, pack_stem),
         })
         tgt = resolve_target(cfg.target)
         st = ArtifactStore(cfg.store)
@@ -131,7 +133,9 @@ def pack_points_cmd(
     pack_stop_idx: PackStopIdxOpt = None,
     bfactor: BfactorOpt = None,
     cfactor: CfactorOpt = None,
+    pack_layout: PackLayoutOpt = None,
     pad_channels: PadChannelsOpt = None,
+    pack_stem: PackStemOpt = None,
 ):
     """List the network's operators with their occurrence indices, mark the start/stop that the
     pack options select (default: first nn.max_pool2d, then the first global average pool), and
@@ -146,7 +150,7 @@ def pack_points_cmd(
             **_model_overrides(model, source, onnx_path, input_shape), "store": store and str(store),
             **_int8_overrides(False, vta_config, quantize, global_scale, skip_conv_layers, None, None, None,
                               pack_start, pack_stop, pack_start_idx, pack_stop_idx, bfactor, cfactor,
-                              pad_channels=pad_channels),
+                              pack_layout=pack_layout, pad_channels=pad_channels, pack_stem=pack_stem),
         })
         st = ArtifactStore(cfg.store)
         art = steps.prepare_model(st, cfg, upto="quantize")

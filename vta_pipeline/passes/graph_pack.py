@@ -30,6 +30,17 @@ A padded channel holds zeros (its weights and bias are zero, a divisor is one), 
 conv reads it through zero weights, so values are unchanged; a channel concat of padded
 tensors, or a division of two, would interleave or divide the padding and is refused.
 
+`stem` packs the start operator too, when it is a conv over fewer channels than the block
+(an image's 3): its input is packed as one block, its output in the block, so its bias,
+activation and requantize run on the packed output in the conv's kernel and the pack after
+it disappears. An int8 stem's input is zero-padded to a multiple of 4 channels,
+`NCHW1n4c`, with weights `OIHW{c}o4i`: the CPU's dot product reads it in groups of 4
+channels (a quarter of them padding, against 13/16 in a block of 16). A float stem keeps
+its channels, `NCHW1n3c` and `OIHW{c}o3i`. resnet18's float
+stem conv measured 2.38 ms of an 8.62 ms int8 network (ORT's int8 stem 1.76); quantized
+as-is, MetaSchedule's generic space for a 3-channel int8 NCHW conv reached 6.08 ms
+(`benchmarks/results/intel_sbs_5957b13`).
+
 `start_name_idx` / `stop_name_idx` pick the k-th occurrence of the name (0-based);
 `nn.global_avg_pool2d` also matches Relax's forms of it (`mean` over H and W,
 `nn.adaptive_avg_pool2d` to 1x1). `vta-pipeline pack-points` lists the candidates.
@@ -78,6 +89,7 @@ class PackParams:
     stop_name_idx: int | None = None
     layout: str = "vta"
     pad_channels: bool = False
+    stem: bool = False
 
 
 def is_global_avg_pool(op: OpInfo) -> bool:
@@ -160,7 +172,11 @@ class GraphPacker(Rebuilder):
         bindings = main_bindings(mod)
         pos = {b.var: i for i, b in enumerate(bindings)}
         self.hi = pos[self.region.stop.var] if self.region.stop else len(bindings)
-        self.lo = self._elementwise_tail(bindings, pos[self.region.start.var])  # the last op left unpacked
+        start = pos[self.region.start.var]
+        if p.stem:
+            self._check_stem(self.region.start)
+        # the last op left unpacked: the start operator's elementwise tail, or the op before a packed stem
+        self.lo = start - 1 if p.stem else self._elementwise_tail(bindings, start)
         self.packed: dict[Any, Any] = {}
         self.unpacked: dict[Any, Any] = {}
         self.layout = packed_data_layout(p.bfactor, p.cfactor)
@@ -190,6 +206,22 @@ class GraphPacker(Rebuilder):
             lo, prev = lo + 1, bindings[lo + 1].var
         return lo
 
+    def _check_stem(self, op: OpInfo) -> None:
+        """`stem` needs the start operator to be a plain conv over fewer channels than the block
+        (and, with int8 weights, the x86 layout: VTA has no 4-channel block)."""
+        why = None
+        if op.name != "nn.conv2d":
+            why = "it is not a conv2d (start the region at the stem: --pack-start nn.conv2d)"
+        elif int(op.call.attrs.groups) != 1:
+            why = f"it is a grouped conv (groups={int(op.call.attrs.groups)})"
+        elif not op.in_shapes[0] or op.in_shapes[0][1] >= self.p.cfactor:
+            why = (f"its input has {op.in_shapes[0][1] if op.in_shapes[0] else '?'} channels, which pack in the block "
+                   f"cfactor={self.p.cfactor} as they are (drop --pack-stem)")
+        elif dtype_of(op.call.args[1]) == "int8" and self.p.layout != "x86":
+            why = "an int8 stem packs for the CPU's dot product, which reads the x86 layout (--pack-layout x86)"
+        if why:
+            raise PackError(f"cannot pack the stem {op.describe()}: {why}.")
+
     # ---- layouts ---------------------------------------------------------------------------------
     def _fail(self, op: OpInfo, why: str) -> PackError:
         return PackError(
@@ -217,6 +249,19 @@ class GraphPacker(Rebuilder):
         """`channels` rounded up to the block when pad_channels is on (else as they are)."""
         cf = self.p.cfactor
         return -(-channels // cf) * cf if self.p.pad_channels else channels
+
+    def pack_narrow(self, var: Any, op: OpInfo, cp: int) -> Any:
+        """A tensor of fewer channels than the block (a stem's input) as one block of them,
+        zero-padded to `cp` channels: NCHW{b}n{cp}c."""
+        n, c, h, w = shape_of(var)
+        b = self.p.bfactor
+        if n % b:
+            raise self._fail(op, f"input {var.name}: batch {n} is not divisible by bfactor={b}")
+        x = self.lookup(var)
+        if cp != c:
+            x = self.emit(relax.op.nn.pad(x, [0, 0, 0, cp - c, 0, 0, 0, 0]), "pad_channels")
+        x = relax.op.reshape(x, (n // b, b, 1, cp, h, w))
+        return self.emit(relax.op.permute_dims(x, [0, 2, 4, 5, 1, 3]), "pack_stem")
 
     def pack(self, var: Any, op: OpInfo) -> Any:
         if var in self.packed:
@@ -324,6 +369,8 @@ class GraphPacker(Rebuilder):
         o, i, kh, kw = w.shape
         groups = int(a.groups)
         cin = op.in_shapes[0][1]
+        if self.p.stem and op.var.same_as(self.region.start.var):
+            return self._stem_conv(call, op, w)
         x = self._operand(call.args[0], op)
         depthwise = groups == cin == o and i == 1
         if groups == 1 or depthwise:  # zero weights read and write the padding
@@ -357,6 +404,29 @@ class GraphPacker(Rebuilder):
         return relax.op.nn.conv2d(x, relax.const(wp), a.strides, a.padding, a.dilation, groups,
                                   self.layout, klayout, self.layout, out_dtype=a.out_dtype)
 
+    def _stem_conv(self, call: Any, op: OpInfo, w: np.ndarray) -> Any:
+        """The stem conv on its input packed as one block (`pack_narrow`), output in the block.
+        int8: the input channels zero-padded to a multiple of 4, weights `OIHW{c}o4i` (the dot
+        product's groups); float: as they are, weights `OIHW{c}o{i}i` (no padding to multiply)."""
+        a, cf = call.attrs, self.p.cfactor
+        o, i, kh, kw = w.shape
+        r = DOT_REDUCE if str(w.dtype) == "int8" else i
+        po, pi = self.padded(o), -(-i // r) * r
+        if po % cf:
+            raise self._fail(op, f"weight {o}x{i}x{kh}x{kw}: output channels must be divisible by cfactor={cf}"
+                                 + self._block_hint(o))
+        w = np.pad(w, [(0, po - o), (0, pi - i), (0, 0), (0, 0)])
+        wp = w.reshape(po // cf, cf, pi // r, r, kh, kw).transpose(0, 2, 4, 5, 1, 3).copy()
+        x = self.pack_narrow(call.args[0], op, pi)
+        if str(w.dtype) == "int8":
+            x = self._unsigned(call.args[0], x)
+            if dtype_of(x) == "int8" and int(w.min()) < -127:
+                raise self._fail(op, "its data can be negative and its int8 weights hold -128: the CPU's dot product "
+                                     "for signed data takes weights in [-127, 127]")
+        return relax.op.nn.conv2d(x, relax.const(wp), a.strides, a.padding, a.dilation, 1,
+                                  packed_data_layout(self.p.bfactor, pi), f"OIHW{cf}o{r}i", self.layout,
+                                  out_dtype=a.out_dtype)
+
     def _unsigned(self, arg: Any, packed: Any) -> Any:
         """The packed int8 conv input as uint8 when its values are provably in [0, 127]."""
         if dtype_of(arg) != "int8" or not self.ranges.nonnegative(arg):
@@ -376,6 +446,7 @@ class PackReport:
     cfactor: int
     layout: str = "vta"
     uint8_convs: int = 0
+    stem: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -387,7 +458,7 @@ def graph_pack(mod: tvm.IRModule, p: PackParams) -> tuple[tvm.IRModule, PackRepo
     out = packer.run(mod)
     region = packer.region
     return out, PackReport(region.start.describe(), region.stop.describe() if region.stop else None,
-                           packer.packed_ops, p.bfactor, p.cfactor, p.layout, packer.uint8_convs)
+                           packer.packed_ops, p.bfactor, p.cfactor, p.layout, packer.uint8_convs, p.stem)
 
 
 def GraphPack(p: PackParams) -> tvm.ir.transform.Pass:  # noqa: N802 (TVM's pass naming)

@@ -7,6 +7,9 @@ then fails. We lower them with VTA's compute, so the tuning tasks are VTA's task
     res[b_o, c_o, i, j, b_i, c_i] = sum_{k_o, d_i, d_j, k_i}
         pad[b_o, k_o, i*hs + d_i, j*ws + d_j, b_i, k_i] * kernel[c_o, k_o, d_i, d_j, c_i, k_i]
 
+A packed stem (graph pack's `stem`) reads its image as one block of channels (padded to 4
+when int8) against `OIHW{c}o{4|3}i` weights: the same sum; int8, it is a dot-product conv.
+
 The `x86` pack layout keeps the activations' blocks and splits the weights' input block
 into groups of four, `OIHW{c}o4i` (O/c, I/4, kh, kw, c, 4): the operand shape of the CPU's
 int8 dot-product instructions (see `int8_dot`). Its compute reads the same sums:
@@ -88,14 +91,19 @@ def _packed_conv(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype
     )
 
 
-def conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str) -> te.Tensor:
-    """VTA's conv2d_packed: data (N/b, C/c, H, W, b, c), kernel (O/c, C/c, kh, kw, c, c)."""
-    return _packed_conv(data, kernel, strides, padding, out_dtype, lambda k_o, k_i, bc, bi: (k_o, k_i), PACKED_CONV)
+def conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str,
+                  name: str = PACKED_CONV) -> te.Tensor:
+    """VTA's conv2d_packed: data (N/b, C/c, H, W, b, c), kernel (O/c, C/c, kh, kw, c, c); also
+    a packed stem's, whose input block (4 channels) is narrower than its output block."""
+    return _packed_conv(data, kernel, strides, padding, out_dtype, lambda k_o, k_i, bc, bi: (k_o, k_i), name)
 
 
 def conv2d_dot_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str) -> te.Tensor:
     """Packed conv with dot-product weights: data (N/b, C/c, H, W, b, c), kernel
-    (O/c, C/4, kh, kw, c, 4)."""
+    (O/c, C/4, kh, kw, c, 4); or a packed stem's data (N/b, 1, H, W, b, 4), whose one block
+    of four channels is what each kernel group reads."""
+    if int(data.shape[5]) == int(kernel.shape[5]):
+        return conv2d_packed(data, kernel, strides, padding, out_dtype, DOT_CONV)
     return _packed_conv(data, kernel, strides, padding, out_dtype,
                         lambda k_o, k_i, bc, bi: (k_o // (bc // bi), (k_o % (bc // bi)) * bi + k_i), DOT_CONV)
 
@@ -119,6 +127,14 @@ def depthwise_conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding
     )
 
 
+def _reads_in_fours(call: relax.Call) -> bool:
+    """A dot-product conv: its kernel's input block is split in fours (`OIHW{c}o4i` over data
+    in blocks of c), or an int8 stem's (`OIHW{c}o4i` over one block of 4 channels)."""
+    data, kernel = shape_of(call.args[0]), shape_of(call.args[1])
+    stem = kernel[5] < kernel[4] and str(call.args[1].ty.dtype) == "int8"
+    return kernel[5] < data[5] or stem
+
+
 def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> Any:
     a = call.attrs
     if not (_is_packed(a.data_layout) or _is_packed(a.kernel_layout)):
@@ -132,7 +148,7 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> Any:
         out_dtype = str(call.args[0].ty.dtype)
     if int(a.groups) != 1:
         fn, name = depthwise_conv2d_packed, PACKED_DEPTHWISE
-    elif shape_of(call.args[1])[5] < shape_of(call.args[0])[5]:  # input block split in fours
+    elif _reads_in_fours(call):
         fn, name = conv2d_dot_packed, DOT_CONV
     else:
         fn, name = conv2d_packed, PACKED_CONV
