@@ -1,0 +1,111 @@
+"""Packed conv2d compiled to VTA instructions: every resnet18 workload of the recipe, under
+several knob configs, bit-exact with numpy on the simulator; the knob space pruned by VTA's
+buffers; the cycle model's answer to the knobs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vta_pipeline.vta import conv
+from vta_pipeline.vta.conv import ConvWorkload, Epilogue, Knobs, KnobError
+from vta_pipeline.vta.simulator import CycleModel, Dram, Simulator
+from vta_pipeline.vta_config import VTAConfig
+
+CFG = VTAConfig()
+# The recipe's resnet18 conv workloads (the packed region: the stem stays on the CPU)
+RESNET18 = [
+    ConvWorkload(1, 56, 56, 64, 64, 3, 3, 1, 1, 1, 1),
+    ConvWorkload(1, 56, 56, 64, 128, 3, 3, 1, 1, 2, 2),
+    ConvWorkload(1, 56, 56, 64, 128, 1, 1, 0, 0, 2, 2),
+    ConvWorkload(1, 28, 28, 128, 128, 3, 3, 1, 1, 1, 1),
+    ConvWorkload(1, 28, 28, 128, 256, 3, 3, 1, 1, 2, 2),
+    ConvWorkload(1, 28, 28, 128, 256, 1, 1, 0, 0, 2, 2),
+    ConvWorkload(1, 14, 14, 256, 256, 3, 3, 1, 1, 1, 1),
+    ConvWorkload(1, 14, 14, 256, 512, 3, 3, 1, 1, 2, 2),
+    ConvWorkload(1, 14, 14, 256, 512, 1, 1, 0, 0, 2, 2),
+    ConvWorkload(1, 7, 7, 512, 512, 3, 3, 1, 1, 1, 1),
+]
+# what our quantize pass fuses after a resnet18 conv: bias, residual, requantize, ReLU
+EPILOGUE = Epilogue(bias=True, residual_shift=1, round_add=1 << 8, shift=9, clip_min=0, clip_max=127)
+
+
+def tensors(wl: ConvWorkload, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    cib, cob = wl.in_filter // 16, wl.out_filter // 16
+
+    def i8(*shape):
+        return rng.integers(-127, 128, shape).astype(np.int8)
+
+    return {"data": i8(1, cib, wl.height, wl.width, 1, 16), "kernel": i8(cob, cib, wl.kh, wl.kw, 16, 16),
+            "bias": rng.integers(-4000, 4000, (1, cob, 1, 1, 1, 16)).astype(np.int32),
+            "residual": i8(1, cob, wl.out_height, wl.out_width, 1, 16)}
+
+
+def simulate(wl: ConvWorkload, k: Knobs, epi: Epilogue = EPILOGUE, seed: int = 0):
+    dram, sim = Dram(), Simulator(CFG)
+    prog = conv.compile_conv(wl, k, epi, CFG, dram)
+    t = tensors(wl, seed)
+    out, stats = conv.run_conv(prog, dram, sim, t)
+    return out, stats, conv.reference(wl, epi, t["data"], t["kernel"], t["bias"], t["residual"])
+
+
+def _configs(wl: ConvWorkload) -> list[Knobs]:
+    """Three configs of the space: the largest one-thread tile, a two-thread one, a random one
+    that splits the reduction (all with tiles of 7+ pixels: the simulation stays quick)."""
+    space = [k for k in conv.knob_space(wl, CFG, EPILOGUE) if k.tile_h * k.tile_w >= 7]
+    one = max((k for k in space if k.h_nthread * k.oc_nthread == 1), key=lambda k: k.tile_h * k.tile_w * k.tile_co)
+    two = max((k for k in space if k.h_nthread * k.oc_nthread == 2), key=lambda k: k.tile_h * k.tile_w * k.tile_ci)
+    split = [k for k in space if k.tile_ci < wl.in_filter // 16]
+    rng = np.random.default_rng(hash((wl.height, wl.in_filter, wl.out_filter, wl.kh, wl.stride_h)) % 2**32)
+    return [one, two, split[int(rng.integers(len(split)))]]
+
+
+@pytest.mark.parametrize("wl", RESNET18, ids=lambda w: f"{w.height}x{w.in_filter}-{w.out_filter}k{w.kh}s{w.stride_h}")
+def test_each_resnet18_workload_is_bit_exact_under_several_configs(wl):
+    for k in _configs(wl):
+        out, stats, ref = simulate(wl, k)
+        assert np.array_equal(out, ref), k
+        assert stats.gemm_uops * 2 * 16 * 16 == wl.ops()  # every multiply-add once, none twice
+    assert np.abs(ref.astype(int)).max() > 0 and (ref == 127).any()  # the clip was exercised
+
+
+def test_the_untuned_config_is_autotvms_fallback_and_also_exact():
+    wl = ConvWorkload(1, 7, 7, 32, 32, 3, 3, 1, 1, 1, 1)
+    assert conv.default_knobs(wl, CFG) == Knobs(1, 1, 1, 1, 1, 1, 1)
+    out, _, ref = simulate(wl, conv.default_knobs(wl, CFG))
+    assert np.array_equal(out, ref)
+
+
+def test_an_epilogue_without_bias_or_residual_and_a_left_shifted_residual():
+    wl = ConvWorkload(1, 14, 14, 32, 32, 1, 1, 0, 0, 1, 1)
+    k = Knobs(1, 7, 14, 2, 1, 1, 2)
+    for epi in (Epilogue(bias=False, shift=4, round_add=8), Epilogue(residual_shift=-2, shift=6, round_add=32)):
+        out, _, ref = simulate(wl, k, epi)
+        assert np.array_equal(out, ref), epi
+
+
+def test_the_knob_space_holds_only_configs_that_fit_vtas_buffers():
+    wl = RESNET18[0]
+    space = conv.knob_space(wl, CFG, EPILOGUE)
+    assert len(space) > 100 and len(set(space)) == len(space)
+    for k in space:
+        threads = k.h_nthread * k.oc_nthread
+        assert k.tile_ci * ((k.tile_h - 1) + 3) * ((k.tile_w - 1) + 3) * threads <= 2048  # input buffer
+        assert k.tile_co * k.tile_ci * 9 * threads <= 1024  # weights
+    with pytest.raises(KnobError, match=r"the input tiles need \d+ entries \(2 thread\(s\)\), more than the input "
+                                        r"buffer's 2048"):
+        conv.check(wl, Knobs(1, 28, 56, 1, 1, 2, 1), EPILOGUE, CFG)
+    with pytest.raises(KnobError, match=r"tile_w: 5 \(with its threads\) does not divide the extent 56"):
+        conv.check(wl, Knobs(1, 1, 5, 1, 1, 1, 1), EPILOGUE, CFG)
+
+
+def test_the_cycle_model_answers_to_work_and_to_virtual_threads():
+    wl = ConvWorkload(1, 14, 14, 64, 64, 3, 3, 1, 1, 1, 1)
+    wide = ConvWorkload(1, 14, 14, 64, 128, 3, 3, 1, 1, 1, 1)  # twice the output channels
+    k = Knobs(1, 7, 14, 1, 2, 1, 1)
+    assert simulate(wide, k)[1].cycles > 1.5 * simulate(wl, k)[1].cycles
+    one = simulate(wl, k)[1]
+    two = simulate(wl, Knobs(1, 7, 14, 1, 1, 1, 2))[1]  # the same tile work, two threads over channels
+    assert two.cycles < one.cycles
+    assert conv.describe(two, wl, CFG, CycleModel())["of_peak"] < 1
