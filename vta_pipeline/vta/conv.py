@@ -373,12 +373,14 @@ def reference(wl: ConvWorkload, epi: Epilogue, data: np.ndarray, kernel: np.ndar
     wt = kernel.transpose(0, 4, 1, 5, 2, 3).reshape(cob * bo, cib * bi, kh, kw).astype(np.int64)
     xp = np.pad(x, ((0, 0), (0, 0), (wl.pad_h, wl.pad_h), (wl.pad_w, wl.pad_w)))
     oh, ow = wl.out_height, wl.out_width
-    acc = np.zeros((n * bb, cob * bo, oh, ow), np.int64)
+    acc = np.zeros((n * bb, cob * bo, oh, ow), np.float64)  # exact: |sums| < 2^53
+    xf, wf = xp.astype(np.float64), wt.astype(np.float64)
     for dy in range(kh):
         for dx in range(kw):
-            win = xp[:, :, dy: dy + (oh - 1) * wl.stride_h + 1: wl.stride_h, dx: dx + (ow - 1) * wl.stride_w + 1:
+            win = xf[:, :, dy: dy + (oh - 1) * wl.stride_h + 1: wl.stride_h, dx: dx + (ow - 1) * wl.stride_w + 1:
                      wl.stride_w]
-            acc += np.einsum("nchw,oc->nohw", win, wt[:, :, dy, dx])
+            acc += np.tensordot(wf[:, :, dy, dx], win, axes=([1], [1])).transpose(1, 0, 2, 3)
+    acc = acc.astype(np.int64)
     acc = acc.reshape(n, bb, cob, bo, oh, ow).transpose(0, 2, 4, 5, 1, 3)  # packed
     acc = ((acc + (1 << 31)) % (1 << 32)) - (1 << 31)  # int32 accumulators wrap
     if epi.bias:

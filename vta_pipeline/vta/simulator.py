@@ -144,6 +144,7 @@ class Stats:
         return dict(self.__dict__)
 
 
+SMALL_GEMM = 4096  # micro-op iterations up to which a GEMM gathers a weight tile per iteration (<= 16 MB)
 _TOKENS = {  # (core, flag) -> the token queue it pops or pushes
     (Core.LOAD, "pop_next"): "g2l", (Core.LOAD, "push_next"): "l2g",
     (Core.COMPUTE, "pop_prev"): "l2g", (Core.COMPUTE, "pop_next"): "s2g",
@@ -165,6 +166,8 @@ class Simulator:
         self.uop = np.zeros((3, 1 << lay.uop_depth_log), np.int64)  # decoded (dst, src, wgt)
         self.valid = {name: np.zeros(len(getattr(self, name)) if name != "uop" else self.uop.shape[1], bool)
                       for name in ("inp", "wgt", "acc", "uop")}
+        self._index_cache: dict[Insn, tuple[np.ndarray, ...]] = {}
+        self._checked: set[tuple[str, Insn]] = set()
         self.elem_bytes = {Mem.UOP: 4, Mem.INP: b * bi * cfg.INP_WIDTH // 8, Mem.WGT: bo * bi * cfg.WGT_WIDTH // 8,
                            Mem.ACC: b * bo * cfg.ACC_WIDTH // 8, Mem.OUT: b * bo * cfg.INP_WIDTH // 8,
                            Mem.ACC_8BIT: b * bo}
@@ -296,6 +299,8 @@ class Simulator:
                 words.reshape(insn.y_size, insn.x_size)
             for row, arr in zip(self.uop, decode_uops(block.ravel(), self.layout)):
                 row[insn.sram_base: insn.sram_base + xt * yt] = arr
+            self._index_cache.clear()  # instructions now index other micro-ops
+            self._checked.clear()
         else:
             target = getattr(self, name)
             shape = target.shape[1:]
@@ -328,7 +333,14 @@ class Simulator:
         return n * eb
 
     def _indices(self, insn: GemmInsn | AluInsn, k: int) -> tuple[np.ndarray, ...]:
-        """The (dst, src, wgt) index of every micro-op iteration, in VTA's order: iter_out, iter_in, uop."""
+        """The (dst, src, wgt) index of every micro-op iteration, in VTA's order: iter_out, iter_in,
+        uop. A conv's stream repeats the same GEMM and ALU instructions tile after tile: the
+        indices are kept until the micro-op buffer is loaded again."""
+        if insn not in self._index_cache:
+            self._index_cache[insn] = self._compute_indices(insn, k)
+        return self._index_cache[insn]
+
+    def _compute_indices(self, insn: GemmInsn | AluInsn, k: int) -> tuple[np.ndarray, ...]:
         if not 0 <= insn.uop_bgn <= insn.uop_end <= self.uop.shape[1]:
             raise StreamError(f"instruction {k} ({_describe(insn)}): micro-ops [{insn.uop_bgn}, {insn.uop_end}) "
                               f"are not in the buffer of {self.uop.shape[1]}")
@@ -346,7 +358,12 @@ class Simulator:
         return tuple(out)
 
     def _require(self, k: int, insn: Insn, name: str, idx: np.ndarray) -> None:
-        """Every entry `idx` of SRAM `name` exists and holds data some instruction wrote."""
+        """Every entry `idx` of SRAM `name` exists and holds data some instruction wrote (an
+        entry, once written, stays valid: a check of the same indices passes again)."""
+        key = (name, insn)
+        if key in self._checked:
+            return
+        self._checked.add(key)
         valid = self.valid[name]
         if idx.size and int(idx.max()) >= len(valid):
             raise StreamError(f"instruction {k} ({_describe(insn)}) reads {name} entry {int(idx.max())}, past the "
@@ -368,12 +385,24 @@ class Simulator:
         self._require(k, insn, "inp", src)
         self._require(k, insn, "wgt", wgt)
         self._require(k, insn, "acc", dst)
-        # int8 x int8 sums of BLOCK_IN terms are exact in float32 (|sum| <= 16 * 2^14 < 2^24)
-        prod = np.matmul(self.inp[src].astype(np.float32), self.wgt[wgt].astype(np.float32).transpose(0, 2, 1))
-        total = np.zeros((len(self.acc),) + self.acc.shape[1:], np.int64)
-        np.add.at(total, dst, prod.astype(np.int64))
-        rows = np.unique(dst)
-        self.acc[rows] = _wrap32(self.acc[rows].astype(np.int64) + total[rows])
+        # One matrix product per distinct weight tile (a conv's GEMM reuses each over many
+        # inputs): int8 x int8 sums of BLOCK_IN terms are exact in float32 (< 2^24).
+        if dst.size <= SMALL_GEMM:  # a few iterations: gathering their weight tiles is cheaper
+            prod = np.matmul(self.inp[src].astype(np.float32), self.wgt[wgt].astype(np.float32).transpose(0, 2, 1))
+        else:
+            by_wgt = np.argsort(wgt, kind="stable")
+            cuts = np.flatnonzero(np.diff(wgt[by_wgt])) + 1
+            prod = np.empty((dst.size,) + self.acc.shape[1:], np.float32)
+            for group in np.split(by_wgt, cuts):
+                w = self.wgt[wgt[group[0]]].astype(np.float32)  # (BLOCK_OUT, BLOCK_IN)
+                prod[group] = self.inp[src[group]].astype(np.float32) @ w.T
+        # then the sums per accumulator (int64: exact), added to it with int32 wraparound
+        by_dst = np.argsort(dst, kind="stable")
+        d_sorted = dst[by_dst]
+        starts = np.concatenate([[0], np.flatnonzero(np.diff(d_sorted)) + 1])
+        sums = np.add.reduceat(prod[by_dst].astype(np.int64), starts, axis=0)
+        rows = d_sorted[starts]
+        self.acc[rows] = _wrap32(self.acc[rows].astype(np.int64) + sums)
         return dst.size
 
     def _alu(self, k: int, insn: AluInsn) -> int:
