@@ -156,8 +156,11 @@ _TOKENS = {  # (core, flag) -> the token queue it pops or pushes
 class Simulator:
     """VTA's state for one config: its SRAMs (with which entries hold data) and the cycle model."""
 
-    def __init__(self, cfg: VTAConfig, cycles: CycleModel | None = None):
+    def __init__(self, cfg: VTAConfig, cycles: CycleModel | None = None, functional: bool = True):
+        """`functional=False` times a stream without computing its values (the cycle model does
+        not depend on them): what knob tuning measures. Streams are checked the same."""
         self.cfg, self.layout, self.model = cfg, Layout.of(cfg), cycles or CycleModel()
+        self.functional = functional
         b, bi, bo = cfg.BATCH, cfg.BLOCK_IN, cfg.BLOCK_OUT
         lay = self.layout
         self.inp = np.zeros((1 << lay.inp_depth_log, b, bi), np.int8)
@@ -385,6 +388,8 @@ class Simulator:
         self._require(k, insn, "inp", src)
         self._require(k, insn, "wgt", wgt)
         self._require(k, insn, "acc", dst)
+        if not self.functional:
+            return dst.size
         # One matrix product per distinct weight tile (a conv's GEMM reuses each over many
         # inputs): int8 x int8 sums of BLOCK_IN terms are exact in float32 (< 2^24).
         if dst.size <= SMALL_GEMM:  # a few iterations: gathering their weight tiles is cheaper
@@ -411,6 +416,8 @@ class Simulator:
             src = dst
         self._require(k, insn, "acc", dst)
         self._require(k, insn, "acc", src)
+        if not self.functional:
+            return dst.size
         if len(np.unique(dst)) == dst.size and (insn.use_imm or not np.isin(src, dst).any() or np.array_equal(src, dst)):
             self.acc[dst] = self._alu_op(insn, self.acc[dst], self.acc[src])
         else:  # a later iteration reads what an earlier one wrote: in VTA's order, one at a time
