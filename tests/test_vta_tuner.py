@@ -88,3 +88,15 @@ def test_a_config_whose_stream_fails_is_recorded_as_an_error_not_raised(tmp_path
     tuner.tune(8)
     errors = [t for t in tuner.trials() if t["error"]]
     assert errors and all(t["latency_ms"] is None for t in errors)
+
+
+def test_a_vta_sim_board_behind_a_tracker_measures_what_the_local_simulator_does(tmp_path):
+    # a real tracker and a VTA board (TVM's rpc server with the simulator's functions) on 127.0.0.1
+    from vta_pipeline.boards import LocalBoard
+    from vta_pipeline.vta.remote import board_measure
+
+    configs = knob_space(WL, CFG, EPI)[:3]
+    with LocalBoard(key="vta-sim", server_module="vta_pipeline.vta.rpc_server", threads=1,
+                    registry=tmp_path / "boards.json") as board:
+        remote = board_measure(board.tracker, "vta-sim", WL, EPI, CFG)(configs)
+    assert remote == local_measure(WL, EPI, CFG)(configs) and all(m.cycles for m in remote)

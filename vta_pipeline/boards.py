@@ -165,6 +165,8 @@ class LocalBoard:
     detached: bool = False
     registry: Path | None = None
     threads: int | None = None
+    # the server program: TVM's, or one that registers more functions (the VTA simulator board's)
+    server_module: str = "tvm.exec.rpc_server"
     procs: list[subprocess.Popen] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
 
@@ -285,7 +287,7 @@ class LocalBoard:
     def add_server(self, record: bool = True) -> subprocess.Popen:
         i = len(self.procs)
         p = self._spawn(
-            ["tvm.exec.rpc_server", "--tracker", self.tracker, "--key", self.key, "--host", self.host,
+            [self.server_module, "--tracker", self.tracker, "--key", self.key, "--host", self.host,
              "--port", "9090", "--port-end", "9999"], f"server{i}")
         if record and not self.detached:
             self._record()
