@@ -32,6 +32,7 @@ def _with(tool: str):
         pytest.param(["run", "--target", "pynq-arm"], "--tracker HOST:PORT of the tracker your 'pynq' boards",
                      marks=_with("arm-linux-gnueabihf-g++")),
         (["run", "--target", "cuda:volta"], "cuda:sm_86"),
+        (["run", "--target", "pynq-vta"], "cannot run yet: it needs a Pynq-Z1 with a VTA bitstream"),
         (["run", "--target", "cuda", "--vta", "--tracker", "127.0.0.1:1"], "without --vta"),
         pytest.param(["build", "--target", "rk3399-mali", "--vta"], "without --vta", marks=_with("aarch64-linux-gnu-g++")),
         (["run", "--tracker", "nohost"], "HOST:PORT"),

@@ -29,10 +29,11 @@ def test_bad_targets(spec, needle):
 
 
 # ---- the board presets ----------------------------------------------------------------------------
-PRESETS = ["host", "pynq-arm", "rk3399-cpu", "rk3399-mali", "cuda"]
+PRESETS = ["host", "pynq-arm", "pynq-vta", "rk3399-cpu", "rk3399-mali", "cuda"]
+RUNNABLE = [p for p in PRESETS if p != "pynq-vta"]
 
 
-@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("name", RUNNABLE)
 def test_every_preset_is_a_target_tvm_accepts(name):
     t = resolve_target(name)
     assert t.tvm_target().kind.name == t.kind
@@ -40,6 +41,16 @@ def test_every_preset_is_a_target_tvm_accepts(name):
         assert t.host_json and t.tvm_target().host.kind.name == "llvm"
         assert t.layout == "NHWC" and t.query_device
     assert t.spec == name and resolve_target(t.spec) == t
+
+
+def test_the_pynq_vta_preset_refuses_to_run_and_says_what_is_missing():
+    from vta_pipeline.targets import get_preset, preset_defaults
+
+    for attempt in (lambda: get_preset("pynq-vta"), lambda: resolve_target("pynq-vta"),
+                    lambda: preset_defaults("pynq-vta")):
+        with pytest.raises(ConfigError, match=r"'pynq-vta' cannot run yet: it needs a Pynq-Z1 with a VTA bitstream "
+                                              r".*a driver on its ARM core.*simulator.*--target pynq-arm"):
+            attempt()
 
 
 def test_arm_presets_are_cross_compiled_hard_float_neon():

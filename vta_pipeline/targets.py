@@ -47,6 +47,7 @@ class TargetPreset:
     query_device: bool = False  # read the GPU's limits from a connected board (Mali recipe)
     option: str | None = None  # what ``name:OPTION`` sets (e.g. the CUDA architecture)
     runtime: str = ""  # what a board of this kind needs to serve RPC
+    unavailable: str | None = None  # what the preset still needs before anything can run on it
 
 
 # The RK3399's big cluster (2x Cortex-A72): TVM's runtime binds its threads to big cores.
@@ -81,6 +82,24 @@ def _pynq_arm(option: str | None) -> TargetPreset:
         cross_package="g++-arm-linux-gnueabihf",
         measure={"number": 4, "repeat": 3, "timeout_s": 120},  # a slow core: generous timeout
         runtime="TVM's runtime built on the board (PYNQ image, Python 3 + tvm runtime, `python -m tvm.exec.rpc_server`)",
+    )
+
+
+def _pynq_vta(option: str | None) -> TargetPreset:
+    return TargetPreset(
+        name="pynq-vta",
+        description="VTA on the Pynq-Z1's FPGA (1x16x16 int8 GEMM core at 100 MHz), driven from its ARM core",
+        target={"kind": "llvm", "mtriple": "armv7a-linux-gnueabihf", "mcpu": "cortex-a9", "mattr": ["+neon"],
+                "mfloat-abi": "hard", "num-cores": 2},
+        key="pynq-vta",
+        cross_compiler="arm-linux-gnueabihf-g++",
+        cross_package="g++-arm-linux-gnueabihf",
+        runtime="a VTA bitstream and its driver (see unavailable)",
+        unavailable=("a Pynq-Z1 with a VTA bitstream built from VTA's hw_spec.h and this vta_config.json (HW_VER "
+                     "0.0.2: the instructions vta_pipeline.vta.isa encodes), and a driver on its ARM core that "
+                     "hands our instruction streams to the FPGA (what VTA's pynq_driver.cc did); neither exists "
+                     "in this project. VTA's simulator runs the same instructions (docs/vta-target.md); "
+                     "--target pynq-arm runs VTA's packed int8 layouts on the Pynq's ARM core"),
     )
 
 
@@ -141,6 +160,7 @@ def _cuda(option: str | None) -> TargetPreset:
 PRESETS: dict[str, Callable[[str | None], TargetPreset]] = {
     "host": _host_preset,
     "pynq-arm": _pynq_arm,
+    "pynq-vta": _pynq_vta,
     "rk3399-cpu": _rk3399_cpu,
     "rk3399-mali": _rk3399_mali,
     "cuda": _cuda,
@@ -167,6 +187,8 @@ def get_preset(spec: str) -> TargetPreset:
     preset = PRESETS[name](option or None)
     if option and preset.option is None:
         raise ConfigError(f"target preset {name!r} takes no option (got {spec!r})")
+    if preset.unavailable:
+        raise ConfigError(f"target preset {name!r} cannot run yet: it needs {preset.unavailable}.")
     return preset
 
 
