@@ -86,14 +86,13 @@ def _pynq_arm(option: str | None) -> TargetPreset:
 
 
 def _pynq_vta(option: str | None) -> TargetPreset:
-    return TargetPreset(
+    # the same ARM host and cross compiler as pynq-arm, with VTA on the FPGA beside it
+    return replace(
+        _pynq_arm(option),
         name="pynq-vta",
         description="VTA on the Pynq-Z1's FPGA (1x16x16 int8 GEMM core at 100 MHz), driven from its ARM core",
-        target={"kind": "llvm", "mtriple": "armv7a-linux-gnueabihf", "mcpu": "cortex-a9", "mattr": ["+neon"],
-                "mfloat-abi": "hard", "num-cores": 2},
         key="pynq-vta",
-        cross_compiler="arm-linux-gnueabihf-g++",
-        cross_package="g++-arm-linux-gnueabihf",
+        measure={},
         runtime="a VTA bitstream and its driver (see unavailable)",
         unavailable=("a Pynq-Z1 with a VTA bitstream built from VTA's hw_spec.h and this vta_config.json (HW_VER "
                      "0.0.2: the instructions vta_pipeline.vta.isa encodes), and a driver on its ARM core that "
