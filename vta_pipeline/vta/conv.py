@@ -121,9 +121,6 @@ class Program:
     uops: np.ndarray  # (n, 3): dst, src, wgt
     buffers: dict[str, tuple[int, tuple[int, ...], str]] = field(default_factory=dict)  # name -> (address, shape, dtype)
 
-    def encoded(self, layout: Layout) -> bytes:
-        return isa.encode_stream(self.instructions, layout)
-
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]

@@ -97,9 +97,6 @@ class KnobTuner:
     def trials(self) -> list[dict[str, Any]]:
         return [r for r in trial_log.read_trials(self.work_dir) if "knobs" in r]
 
-    def measured(self) -> set[Knobs]:
-        return {Knobs(**r["knobs"]) for r in self.trials()}
-
     def best(self) -> tuple[Knobs, float] | None:
         """The fastest measured config and its latency (ms)."""
         ok = [r for r in self.trials() if r.get("latency_ms") is not None]
