@@ -3,6 +3,8 @@
 - `vta_pipeline.vta.measure(request)`: compile each knob config of a conv workload and time it
   on the board's simulator; request and reply are JSON strings (the configs, then per config
   its cycles and latency at the board's clock, or the error of its stream).
+- `vta_pipeline.vta.conv2d` and `vta_pipeline.vta.counters`: what a network's offloaded convs
+  call, and their simulated cycles (`runtime`).
 
 `register()` runs in the board's server process (`vta_pipeline.vta.rpc_server`);
 `board_measure` is the tuner's `Measure` through a tracker.
@@ -34,7 +36,10 @@ def register() -> None:
     """Register the board's functions in this process (idempotent)."""
     import tvm_ffi
 
+    from . import runtime
+
     tvm_ffi.register_global_func(MEASURE, _measure, override=True)
+    runtime.register()  # what offloaded networks call
 
 
 def request(wl: ConvWorkload, epi: Epilogue, cfg: VTAConfig, knobs: list[Knobs],

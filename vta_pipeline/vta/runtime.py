@@ -1,0 +1,120 @@
+"""What a network's offloaded convs call on a VTA board: run one conv on the simulator.
+
+`vta_pipeline.vta.conv2d(data, kernel, [bias], [residual], spec, out)` is the packed function
+that `offload.offload_convs` puts in place of a packed conv and its epilogue (Relax's
+`call_dps_packed`: the output tensor is the last argument). `spec` is a JSON string: the
+VTA config, the workload, the epilogue, the knobs and the cycle model. The first call of a
+spec compiles its program (instructions and micro-ops in the simulator's DRAM); every call
+writes its tensors where the program reads them, runs it and copies the int8 output out.
+
+The simulator counts cycles; `vta_pipeline.vta.counters(reset)` returns, per spec since the
+last reset, the calls, the simulated cycles and the host seconds spent simulating (JSON), so
+an evaluation can report the network's time on VTA: simulated time of its convs plus the
+time of the rest on the board's CPU (the wall time less the simulating).
+
+Counters live in the process that runs the network: on a board, the session's (TVM forks one
+per session), so run and read them in one session.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from ..vta_config import VTAConfig
+from .conv import ConvWorkload, Epilogue, Knobs, Program, compile_conv, run_conv
+from .simulator import CycleModel, Dram, Simulator
+
+CONV2D = "vta_pipeline.vta.conv2d"
+COUNTERS = "vta_pipeline.vta.counters"
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """Everything the board needs to run one offloaded conv (its weights come as arguments)."""
+
+    vta: dict[str, Any]
+    workload: ConvWorkload
+    epilogue: Epilogue
+    knobs: Knobs
+    cycle_model: CycleModel = CycleModel()
+
+    def to_json(self) -> str:
+        return json.dumps({"vta": self.vta, "workload": asdict(self.workload), "epilogue": asdict(self.epilogue),
+                           "knobs": self.knobs.to_dict(), "cycle_model": asdict(self.cycle_model)}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ConvSpec:
+        d = json.loads(text)
+        return cls(d["vta"], ConvWorkload(**d["workload"]), Epilogue(**d["epilogue"]), Knobs(**d["knobs"]),
+                   CycleModel(**d["cycle_model"]))
+
+    def inputs(self) -> list[str]:
+        """The tensor arguments before the output, in call order."""
+        return ["data", "kernel"] + (["bias"] if self.epilogue.bias else []) + \
+            (["residual"] if self.epilogue.residual_shift is not None else [])
+
+
+@dataclass
+class _Compiled:
+    program: Program
+    dram: Dram
+    sim: Simulator
+    calls: int = 0
+    cycles: int = 0
+    sim_seconds: float = 0.0
+
+
+_compiled: dict[str, _Compiled] = {}
+_lock = threading.Lock()
+
+
+def _get(spec_json: str) -> tuple[ConvSpec, _Compiled]:
+    spec = ConvSpec.from_json(spec_json)
+    with _lock:
+        c = _compiled.get(spec_json)
+        if c is None:
+            cfg = VTAConfig(**spec.vta)
+            dram = Dram()
+            c = _compiled[spec_json] = _Compiled(compile_conv(spec.workload, spec.knobs, spec.epilogue, cfg, dram),
+                                                 dram, Simulator(cfg, spec.cycle_model))
+    return spec, c
+
+
+def conv2d(*args: Any) -> None:
+    """The packed function: tensors, the spec (a string), then the output tensor."""
+    *tensors, spec_json, out = args
+    spec, c = _get(str(spec_json))
+    names = spec.inputs()
+    if len(tensors) != len(names):
+        raise ValueError(f"{CONV2D}: {len(tensors)} tensors for {names} ({spec.workload})")
+    start = time.perf_counter()
+    result, stats = run_conv(c.program, c.dram, c.sim, {n: t.numpy() for n, t in zip(names, tensors)})
+    c.sim_seconds += time.perf_counter() - start
+    c.calls += 1
+    c.cycles += stats.cycles
+    out.copyfrom(np.ascontiguousarray(result))
+
+
+def counters(reset: bool = False) -> str:
+    """Per spec: calls, simulated cycles, host seconds simulating; then zeroed if `reset`."""
+    with _lock:
+        reply = [{"spec": json.loads(key), "calls": c.calls, "cycles": c.cycles, "sim_seconds": c.sim_seconds}
+                 for key, c in _compiled.items() if c.calls]
+        if reset:
+            for c in _compiled.values():
+                c.calls, c.cycles, c.sim_seconds = 0, 0, 0.0
+    return json.dumps(reply)
+
+
+def register() -> None:
+    """Register the functions in this process (idempotent): a board's server, or a local VM."""
+    import tvm_ffi
+
+    tvm_ffi.register_global_func(CONV2D, conv2d, override=True)
+    tvm_ffi.register_global_func(COUNTERS, lambda reset: counters(bool(reset)), override=True)
