@@ -32,7 +32,7 @@ from tasks.common import results_dir, retry_settings
 from tasks.deploy import build, evaluate
 from tasks.history import record_history, regression_guard
 from tasks.model import extract_tasks, fetch_model, pack_model, quantize_model
-from tasks.tune import pick_best, tune_task
+from tasks.tune import pick_best, tune_task, tune_vta_task
 from vta_pipeline import boards, history, report, steps
 from vta_pipeline.config import PipelineConfig, parse_hostport
 from vta_pipeline.extract import load_tasks, select_tasks
@@ -40,6 +40,7 @@ from vta_pipeline.importers import check_model
 from vta_pipeline.store import ArtifactStore, CachePolicy
 from vta_pipeline.targets import resolve_target
 from vta_pipeline.tuning_rounds import TuningRounds
+from vta_pipeline.vta import tasks as vta_tasks_mod
 
 # Prefect forwards the loggers named in PREFECT_LOGGING_EXTRA_LOGGERS to the run's logs (the
 # deployment names "vta_pipeline,tvm", the CLI "vta_pipeline"), but only records at or above
@@ -89,12 +90,17 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
     fetch_model_, quantize_, pack_, extract_tasks_, pick_best_, build_ = (
         t.with_options(**res) for t in (fetch_model, quantize_model, pack_model, extract_tasks, pick_best, build)
     )
-    tune_task_, evaluate_ = (t.with_options(**res, **retry) for t in (tune_task, evaluate))
+    tune_task_, tune_vta_, evaluate_ = (t.with_options(**res, **retry) for t in (tune_task, tune_vta_task, evaluate))
     key = cfg.board.key
+
+    def meta(ref):
+        return json.loads((store.root / "steps" / ref["step"] / ref["key"] / "manifest.json").read_text())["meta"]
+
     with ExitStack() as stack:
         if cfg.board.tracker is None:
             local = boards.LocalBoard(key=key, num_servers=cfg.board.local_servers, log_dir=store.root / "logs",
-                                      threads=cfg.board.local_threads or target.cpu_threads)
+                                      threads=cfg.board.local_threads or target.cpu_threads,
+                                      server_module=target.server_module)
             logger.info("starting a local board: tracker + %d rpc server(s) on 127.0.0.1, key %r, %d thread(s)",
                         local.num_servers, key, local.threads)
             stack.enter_context(local)
@@ -128,7 +134,13 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
         if cfg.pack.enabled:
             model = packed = pack_(root, model, cfg.pack.model_dump(mode="json"), cfg.vta.model_dump(mode="json"),
                                    cache)
-        extracted = extract_tasks_(root, model, tspec, cache)
+        vta = cfg.vta.model_dump(mode="json") if target.offload == "vta" else None
+        extracted = extract_tasks_(root, model, tspec, cache, vta)
+        vta_tasks = vta_tasks_mod.load_tasks(extracted["path"]) if vta else []
+        if vta:
+            logger.info("%d packed conv(s) on VTA as %d knob task(s): %s; %d packed conv(s) stay on the CPU",
+                        sum(t.count for t in vta_tasks), len(vta_tasks), ", ".join(t.name for t in vta_tasks),
+                        meta(extracted).get("cpu_packed_convs", 0))
         tasks = select_tasks(load_tasks(extracted["path"]), cfg.tune.task_filter,
                              packed_float=cfg.pack.enabled and not cfg.quantize.enabled)
         logger.info("%d tuning task(s): %s", len(tasks), ", ".join(t.name for t in tasks))
@@ -157,20 +169,21 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
                         rounds.second_round_trials, len(rounds.second_round))
         tuned = [refs[t.name] for t in tasks]
         trials.update(final=True)
+        # the VTA tasks' knobs, on the same boards (a VTA board serves both)
+        vta_refs = [f.result() for f in [
+            tune_vta_.submit(root, t.to_dict(), vta, tracker, key, cfg.tune.model_dump(mode="json"), cache)
+            for t in vta_tasks]]
         best = pick_best_(root, tuned, tspec, cache)
         if stop_after == "tune":
             return {"best": best}
 
         untuned_lib = build_(root, extracted, None, tspec, "untuned", cache)
-        tuned_lib = build_(root, extracted, best, tspec, "tuned", cache)
+        tuned_lib = build_(root, extracted, best, tspec, "tuned", cache, vta_refs or None)
         if stop_after == "build":
             return {"untuned": untuned_lib, "tuned": tuned_lib}
         ev_cfg = cfg.evaluate.model_dump(mode="json")
         ev_untuned = evaluate_(root, untuned_lib, model, tspec, tracker, key, ev_cfg, "untuned", cache)
         ev_tuned = evaluate_(root, tuned_lib, model, tspec, tracker, key, ev_cfg, "tuned", cache)
-
-    def meta(ref):
-        return json.loads((store.root / "steps" / ref["step"] / ref["key"] / "manifest.json").read_text())["meta"]
 
     task_results = report.task_results(tasks, refs, first_refs, lambda ref: _summary(store, ref))
     result = report.make_result(run_id, cfg.model_dump(mode="json"), meta(fetched), task_results,
@@ -178,6 +191,10 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
     result.update(night=cfg.tune.session or history.night_of(t0), session=cfg.tune.session, target_id=target.id)
     for label, ev, lib in (("untuned", ev_untuned, untuned_lib), ("tuned", ev_tuned, tuned_lib)):
         result[label].update(evaluation_id=ev["artifact_id"], build_id=lib["artifact_id"])
+    if vta_refs:
+        result["vta"] = report.vta_result([meta(r) for r in vta_refs], meta(ev_untuned), meta(ev_tuned), cfg.vta)
+        for line in report.vta_lines(result["vta"]):
+            logger.info(line)
     if model is not fetched:  # int8 / packed: what the transform steps did, and float agreement
         result["transforms"] = {ref["step"]: meta(ref) for ref in (quantized, packed) if ref is not None}
         result["tuned"]["vs_float"] = meta(ev_tuned).get("vs_float")

@@ -16,17 +16,21 @@ from .common import RESULTS, current_id, RETRY, artifact, open_store, store_cach
 def _build_key(p):
     store = open_store(p["store_root"], p.get("cache", "on"))
     best = p.get("best")
+    vta_ids = [current_id(store, r) for r in p.get("vta_tuned") or []]
     return store, "build", steps.build_key(
-        store, current_id(store, p["extracted"]), current_id(store, best) if best else None, resolve_target(p["target"])
+        store, current_id(store, p["extracted"]), current_id(store, best) if best else None, resolve_target(p["target"]),
+        vta_ids,
     )
 
 
 @task(name="build", task_run_name="build-{label}", cache_key_fn=store_cache_key(_build_key), **RESULTS)
 def build(store_root: str, extracted: dict[str, str], best: dict[str, str] | None, target: str,
-          label: str = "tuned", cache: str = "on") -> dict[str, str]:
+          label: str = "tuned", cache: str = "on", vta_tuned: list[dict[str, str]] | None = None) -> dict[str, str]:
+    """`vta_tuned`: the tuned VTA tasks whose best knobs the offloaded convs are built with."""
     store = open_store(store_root, cache)
     best_art = artifact(store, best) if best else None
-    return steps.build_step(store, artifact(store, extracted), best_art, resolve_target(target)).ref()
+    vta_arts = [artifact(store, r) for r in vta_tuned] if vta_tuned else None
+    return steps.build_step(store, artifact(store, extracted), best_art, resolve_target(target), vta_arts).ref()
 
 
 def _eval_key(p):

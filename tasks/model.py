@@ -53,10 +53,15 @@ def pack_model(store_root: str, model: dict[str, str], pack: dict[str, Any], vta
 
 def _extract_key(p):
     store = open_store(p["store_root"], p.get("cache", "on"))
-    return store, "extract", steps.extract_key(store, current_id(store, p["fetched"]), resolve_target(p["target"]))
+    vta = VTAConfig(**p["vta"]) if p.get("vta") else None
+    return store, "extract", steps.extract_key(store, current_id(store, p["fetched"]), resolve_target(p["target"]),
+                                               vta)
 
 
 @task(name="extract-tasks", cache_key_fn=store_cache_key(_extract_key), **RESULTS)
-def extract_tasks(store_root: str, fetched: dict[str, str], target: str, cache: str = "on") -> dict[str, str]:
+def extract_tasks(store_root: str, fetched: dict[str, str], target: str, cache: str = "on",
+                  vta: dict[str, Any] | None = None) -> dict[str, str]:
+    """`vta`: the VTA config whose board runs the packed convs (target vta-sim)."""
     store = open_store(store_root, cache)
-    return steps.extract_step(store, artifact(store, fetched), resolve_target(target)).ref()
+    return steps.extract_step(store, artifact(store, fetched), resolve_target(target),
+                              VTAConfig(**vta) if vta else None).ref()

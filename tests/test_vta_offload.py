@@ -17,6 +17,7 @@ from vta_pipeline.relax_pipeline import lower_for_tuning
 from vta_pipeline.store import ArtifactStore
 from vta_pipeline.vta import runtime
 from vta_pipeline.vta.conv import ConvWorkload, Epilogue, Knobs, knob_space
+from vta_pipeline.vta.network import time_on_board
 from vta_pipeline.vta.tuner import local_measure
 from vta_pipeline.vta_config import VTAConfig
 
@@ -128,8 +129,43 @@ def test_an_offloaded_network_runs_on_a_vta_sim_board_behind_the_tracker(tinynet
         remote = rpc.connect_tracker(board.host, board.port).request("vta-sim", session_timeout=300)
         remote.upload(str(lib))
         vm = relax.VirtualMachine(remote.load_module(lib.name), remote.cpu(0))
-        y = vm["main"](tvm.runtime.tensor(x, remote.cpu(0))).numpy()
-        counted = json.loads(str(remote.get_function(runtime.COUNTERS)(False)))  # the session's process
+        xr = tvm.runtime.tensor(x, remote.cpu(0))
+        y = vm["main"](xr).numpy()
+        counters = remote.get_function(runtime.COUNTERS)  # the session's process ran the convs
+        counted = json.loads(str(counters(False)))
+        timed = time_on_board(vm, remote.cpu(0), counters, [xr], repeat=2)
     runtime.register()
     assert np.array_equal(y, _run_local(mod, x))
     assert sorted(c["calls"] for c in counted) == [1, 1] and all(c["cycles"] > 0 for c in counted)
+    # the network's time: its two convs simulated at 100 MHz, the rest on the board's CPU
+    expected = sum(local_measure(c.workload, c.epilogue, CFG)([c.knobs])[0].ms for c in report if c.on_vta)
+    assert len(timed.convs) == 2 and timed.vta_ms == pytest.approx(expected)
+    assert 0 < timed.cpu_ms < 1000 and timed.total_ms == timed.vta_ms + timed.cpu_ms
+
+
+@pytest.mark.slow
+def test_the_dag_runs_tinynet_on_a_vta_sim_board_with_its_convs_tuned_by_knobs(prefect_harness, tmp_path):
+    """fetch -> quantize -> pack -> extract (convs offloaded) -> MetaSchedule tasks of the rest
+    and knob tasks of the convs -> build -> evaluate on a local vta-sim board the flow starts."""
+    from flows.tune_network import tune_network
+
+    store = ArtifactStore(tmp_path / "store")
+    cfg = build_config(None, {
+        "model.name": "tinynet", "quantize.enabled": True, "pack.enabled": True, "target": "vta-sim",
+        "tune.trials_per_task": 8, "tune.trials_per_batch": 4, "measure.number": 2, "evaluate.repeat": 2,
+        "store": str(store.root),
+    }).model_dump(mode="json")  # fmt: skip
+    assert cfg["board"]["key"] == "vta-sim"
+    result = tune_network(cfg)
+    assert result["untuned"]["correct"] and result["tuned"]["correct"]
+    assert result["tuned"]["max_abs_err"] < 1e-5  # the integer emulation, to float rounding of the dense tail
+    v = result["vta"]
+    assert [t["count"] for t in v["tasks"]] == [1, 1] and v["peak_gops"] == pytest.approx(51.2)
+    for t in v["tasks"]:
+        assert t["tuned_ms"] < t["untuned_ms"] and t["trials"] == 8 and 0 < t["of_peak"] <= 1
+    net = v["network"]
+    assert net["tuned"]["vta_ms"] == pytest.approx(sum(t["tuned_ms"] for t in v["tasks"]))
+    assert net["untuned"]["vta_ms"] == pytest.approx(sum(t["untuned_ms"] for t in v["tasks"]))
+    assert result["tuned"]["mean_ms"] == pytest.approx(net["tuned"]["vta_ms"] + net["tuned"]["cpu_ms"])
+    computed = {e["step"] for e in store.events() if e["event"] == "computed"}
+    assert {"extract", "vta_tune", "tune", "build", "evaluate"} <= computed

@@ -37,13 +37,21 @@ def build_network(
     out_dir: Path,
     best_db_dir: Path | None = None,
     cross_compiler: str | None = None,
+    vta_knobs: dict[str, dict[str, int]] | None = None,
 ) -> dict[str, Any]:
+    """`vta_knobs` (VTA task key -> knobs): the offloaded convs' tuned configs; the convs of
+    other tasks keep the untuned config they were extracted with."""
     import tvm
     from tvm import relax
 
     target = tvm.target.Target(target_spec)
     mod = tvm.ir.load_json((Path(extract_dir) / "lowered.json").read_text())
-    applied = 0
+    applied = vta_applied = 0
+    if vta_knobs:
+        from .vta.conv import Knobs
+        from .vta.tasks import with_knobs
+
+        mod, vta_applied = with_knobs(mod, {k: Knobs(**v) for k, v in vta_knobs.items()})
     if best_db_dir is not None:
         from . import int8_dot
         from .records import open_db
@@ -68,4 +76,5 @@ def build_network(
         ex.export_library(str(lib), fcompile=cc.cross_compiler(cross_compiler))
     else:
         ex.export_library(str(lib))
-    return {"tuned": best_db_dir is not None, "scheduled_functions": applied, "lib_bytes": lib.stat().st_size}
+    return {"tuned": best_db_dir is not None or bool(vta_knobs), "scheduled_functions": applied,
+            "vta_tuned_convs": vta_applied, "lib_bytes": lib.stat().st_size}

@@ -38,6 +38,9 @@ class Evaluation:
     vs_float: dict[str, Any] | None = None  # int8 networks: agreement with the float model
     number: int = 1  # runs averaged into each repeat
     threads: int | None = None  # threads the board ran the network with, as it reported them (CPUs)
+    vta_ms: float | None = None  # on a VTA board: the offloaded convs' simulated time per run
+    cpu_ms: float | None = None  # ... and the rest of the network's, on the board's CPU
+    vta_convs: list[dict[str, Any]] | None = None  # per offloaded conv: workload, knobs, cycles, ms
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,9 +82,14 @@ def evaluate_on_board(
     float_output: np.ndarray | None = None,
     max_seconds: float | None = None,
     min_repeat_ms: float = 0.0,
+    vta: bool = False,
 ) -> Evaluation:
     """Upload, run once for the output check, then time: a warm-up run (it also sizes the
-    repeats, see `plan_timing`) and `repeat` repeats of `number` or more runs each."""
+    repeats, see `plan_timing`) and `repeat` repeats of `number` or more runs each.
+
+    `vta`: the network's convs are offloaded to a VTA simulator board, whose wall time is the
+    host simulating: a run's time is then the convs' simulated time plus the CPU's share
+    (`vta.network.time_on_board`), over `repeat` runs (at most MIN_REPEAT: the simulating is slow)."""
     import tvm
     from tvm import relax, rpc
 
@@ -106,11 +114,19 @@ def evaluate_on_board(
         xd = tvm.runtime.tensor(x, dev)
         out = vm["main"](xd)
         y = (out[0] if not isinstance(out, tvm.runtime.Tensor) else out).numpy()
-        per_run_s = vm.time_evaluator("main", dev, number=1, repeat=1)(xd).mean  # warm, and sized
-        number, repeat = plan_timing(number, repeat, min_repeat_ms, max_seconds, per_run_s)
-        timer = vm.time_evaluator("main", dev, number=number, repeat=repeat)
-        res = timer(xd)
-        reps = [float(r) * 1e3 for r in res.results]
+        split = None
+        if vta:
+            from .vta.network import time_on_board
+            from .vta.runtime import COUNTERS
+
+            split = time_on_board(vm, dev, remote.get_function(COUNTERS), [xd], repeat=min(repeat, MIN_REPEAT))
+            number, reps = 1, [split.total_ms]
+        else:
+            per_run_s = vm.time_evaluator("main", dev, number=1, repeat=1)(xd).mean  # warm, and sized
+            number, repeat = plan_timing(number, repeat, min_repeat_ms, max_seconds, per_run_s)
+            timer = vm.time_evaluator("main", dev, number=number, repeat=repeat)
+            res = timer(xd)
+            reps = [float(r) * 1e3 for r in res.results]
         threads = remote_threads(remote) if target_kind == "llvm" else None
     except BoardError:
         raise
@@ -137,4 +153,7 @@ def evaluate_on_board(
         vs_float=vs_float,
         number=number,
         threads=threads,
+        vta_ms=split.vta_ms if split else None,
+        cpu_ms=split.cpu_ms if split else None,
+        vta_convs=split.convs if split else None,
     )

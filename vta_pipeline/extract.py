@@ -122,11 +122,14 @@ def conv2d_workload(prim_mod) -> tuple[str, list[int]] | None:
 
 
 def extract_tasks(imported_dir: Path, target_spec: dict[str, Any], out_dir: Path,
-                  layout: str = "NCHW") -> dict[str, Any]:
+                  layout: str = "NCHW", vta: dict[str, Any] | None = None) -> dict[str, Any]:
     """Lower the imported network (convs in `layout`) and write its tuning tasks into out_dir.
 
     `target_spec` is the full target JSON, host included: GPU tasks are extracted for the
-    device kind, and the lowered network is compiled later for both."""
+    device kind, and the lowered network is compiled later for both. With `vta` (a VTA
+    config), the packed convs VTA can run are offloaded first, under the untuned knobs: their
+    knob tasks go to vta_tasks.json, what stayed on the CPU (and why) to offload.json, and the
+    MetaSchedule tasks are those of the rest."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.analysis import estimate_tir_flops
@@ -136,7 +139,11 @@ def extract_tasks(imported_dir: Path, target_spec: dict[str, Any], out_dir: Path
     from .workload_keys import workload_key
 
     target = tvm.target.Target(target_spec)
-    lowered = lower_for_tuning(load_module(imported_dir), layout)
+    mod = load_module(imported_dir)
+    offloaded = _offload_vta(mod, vta, out_dir) if vta is not None else None
+    if offloaded is not None:
+        mod = offloaded["module"]
+    lowered = lower_for_tuning(mod, layout)
     (out_dir / "lowered.json").write_text(tvm.ir.save_json(lowered))
     extracted = ms.relax_integration.extract_tasks(lowered, target)
     (out_dir / "tasks").mkdir()
@@ -163,7 +170,28 @@ def extract_tasks(imported_dir: Path, target_spec: dict[str, Any], out_dir: Path
             )
         )
     (out_dir / "tasks.json").write_text(json.dumps([t.to_dict() for t in infos], indent=1))
-    return {"num_tasks": len(infos), "num_conv2d": sum(t.workload is not None for t in infos)}
+    meta = {"num_tasks": len(infos), "num_conv2d": sum(t.workload is not None for t in infos)}
+    if offloaded is not None:
+        meta.update(offloaded["meta"])
+    return meta
+
+
+def _offload_vta(mod: Any, vta: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    from .passes.vta_offload import offload_convs
+    from .vta import tasks as vta_tasks
+    from .vta.conv import default_knobs
+    from .vta_config import VTAConfig
+
+    cfg = VTAConfig(**vta)
+    mod, report = offload_convs(mod, cfg, lambda wl, epi: default_knobs(wl, cfg, epi))
+    tasks = vta_tasks.tasks_of(report)
+    vta_tasks.save_tasks(out_dir, tasks)
+    (out_dir / "offload.json").write_text(json.dumps(
+        [{"name": c.name, "on_vta": c.on_vta, "workload": c.workload.__dict__ if c.workload else None,
+          "reason": c.reason} for c in report], indent=1))
+    on_vta = sum(c.on_vta for c in report)
+    return {"module": mod, "meta": {"vta_convs": on_vta, "cpu_packed_convs": len(report) - on_vta,
+                                    "vta_tasks": len(tasks)}}
 
 
 def load_tasks(extract_dir: Path) -> list[TaskInfo]:

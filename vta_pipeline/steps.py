@@ -27,7 +27,7 @@ from .boards import BoardSpec
 from .config import EvalConfig, MeasureConfig, ModelConfig, PackConfig, PipelineConfig, QuantizeConfig, TuneConfig
 from .errors import ConfigError
 from .vta_config import VTAConfig
-from .hashing import sha256_file
+from .hashing import sha256_file, sha256_json
 from .store import Artifact, ArtifactStore
 from .targets import ResolvedTarget
 
@@ -40,6 +40,11 @@ def check_target(cfg: PipelineConfig, target: ResolvedTarget) -> None:
         raise ConfigError(
             f"graph pack (--vta) rewrites convs into VTA's blocked NCHW layout, but target {target.name!r} "
             f"tunes in {target.layout}; run {target.name!r} without --vta (int8 packing is for CPU targets)"
+        )
+    if target.offload == "vta" and not (cfg.quantize.enabled and cfg.pack.enabled and cfg.pack.layout == "vta"):
+        raise ConfigError(
+            f"target {target.name!r} runs the network's packed int8 convs on VTA: add --vta (quantize and graph "
+            f"pack in VTA's layout{'; not --pack-layout ' + cfg.pack.layout if cfg.pack.layout != 'vta' else ''})"
         )
 
 
@@ -143,18 +148,27 @@ def prepare_model(store: ArtifactStore, cfg: PipelineConfig, upto: str = "pack")
 
 
 # ---- extract ----------------------------------------------------------------------------------
-def extract_key(store: ArtifactStore, fetched_id: str, target: ResolvedTarget) -> str:
-    return store.key(extract_mod.STEP, version=extract_mod.VERSION, inputs={"model": fetched_id}, config=target.to_dict())
+def _extract_config(target: ResolvedTarget, vta: VTAConfig | None) -> dict[str, Any]:
+    return target.to_dict() if vta is None else {**target.to_dict(), "offload_vta": vta.model_dump(mode="json")}
 
 
-def extract_step(store: ArtifactStore, fetched: Artifact, target: ResolvedTarget) -> Artifact:
-    key = extract_key(store, fetched.id, target)
+def extract_key(store: ArtifactStore, fetched_id: str, target: ResolvedTarget, vta: VTAConfig | None = None) -> str:
+    return store.key(extract_mod.STEP, version=extract_mod.VERSION, inputs={"model": fetched_id},
+                     config=_extract_config(target, vta))
+
+
+def extract_step(store: ArtifactStore, fetched: Artifact, target: ResolvedTarget,
+                 vta: VTAConfig | None = None) -> Artifact:
+    """Lower the network and extract its tuning tasks; with `vta`, its packed convs offloaded
+    to VTA first (their knob tasks listed apart)."""
+    key = extract_key(store, fetched.id, target, vta)
     return store.produce(
         extract_mod.STEP,
         key,
-        lambda out: extract_mod.extract_tasks(fetched.path, target.full_json, out, target.layout),
+        lambda out: extract_mod.extract_tasks(fetched.path, target.full_json, out, target.layout,
+                                              vta.model_dump(mode="json") if vta is not None else None),
         inputs={"model": fetched.id},
-        config=target.to_dict(),
+        config=_extract_config(target, vta),
     )
 
 
@@ -230,6 +244,55 @@ def tune_step(
     )
 
 
+# ---- VTA knob tuning --------------------------------------------------------------------------
+VTA_TUNE_STEP = "vta_tune"
+VTA_TUNE_VERSION = 1
+
+
+def _vta_tune_config(tune: TuneConfig, vta: VTAConfig, board_key: str) -> dict[str, Any]:
+    return {"trials": tune.trials_per_task, "batch": tune.trials_per_batch, "strategy": tune.cost_model,
+            "early_stopping": tune.early_stopping, "seed": tune.seed, "session": tune.session,
+            "vta": vta.model_dump(mode="json"), "board_key": board_key}
+
+
+def vta_tune_key(store: ArtifactStore, task: Any, vta: VTAConfig, board_key: str, tune: TuneConfig) -> str:
+    return store.key(VTA_TUNE_STEP, version=VTA_TUNE_VERSION, inputs={"task": task.key},
+                     config=_vta_tune_config(tune, vta, board_key))
+
+
+def vta_tune_step(store: ArtifactStore, task: Any, vta: VTAConfig, tracker: str, board_key: str,
+                  tune: TuneConfig, progress: Callable[[int, int, float | None], None] | None = None) -> Artifact:
+    """Tune one VTA task's knobs on the boards under `board_key` (`tune.cost_model`: xgb or
+    random). Its trials accumulate in a work dir per (VTA config, board key, task, session),
+    so a killed run goes on from them; the result (best knobs, untuned and tuned latency) is
+    an artifact keyed also by the budget."""
+    from .vta.remote import board_measure
+    from .vta.tuner import KnobTuner
+
+    config = _vta_tune_config(tune, vta, board_key)
+    inputs = {"task": task.key}
+    key = vta_tune_key(store, task, vta, board_key, tune)
+    vta_id = sha256_json(vta.model_dump(mode="json"))[:12]
+    work = trial_log.task_work_dir(store.root / "work", f"vta-{vta_id}-{board_key}", task.key, tune.session)
+
+    def compute(out: Path) -> dict[str, Any]:
+        tuner = KnobTuner(task.workload, task.epilogue, vta, work, board_measure(tracker, board_key, task.workload,
+                                                                                 task.epilogue, vta),
+                          strategy=tune.cost_model, seed=tune.seed, batch=tune.trials_per_batch)
+        default_ms = tuner.default_ms()
+        best = tuner.tune(tune.trials_per_task, tune.early_stopping, progress)
+        if best is None:
+            raise RuntimeError(f"VTA task {task.name}: no knob config ran on the board (see {work / 'trials.jsonl'})")
+        shutil.copy2(work / "trials.jsonl", out / "trials.jsonl")
+        summary = {"task": task.name, "key": task.key, "count": task.count, "workload": task.to_dict()["workload"],
+                   "epilogue": task.to_dict()["epilogue"], "best_knobs": best[0].to_dict(), "best_ms": best[1],
+                   "default_ms": default_ms, "trials": len(tuner.trials()), "ops": task.ops()}
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        return summary
+
+    return store.produce(VTA_TUNE_STEP, key, compute, inputs=inputs, config=config)
+
+
 # ---- pick best --------------------------------------------------------------------------------
 def pick_best_key(store: ArtifactStore, tuned_ids: list[str], target: ResolvedTarget) -> str:
     return store.key(records_mod.STEP, version=records_mod.VERSION,
@@ -246,21 +309,30 @@ def pick_best_step(store: ArtifactStore, tuned: list[Artifact], target: Resolved
 
 
 # ---- build ------------------------------------------------------------------------------------
-def build_key(store: ArtifactStore, extracted_id: str, best_id: str | None, target: ResolvedTarget) -> str:
-    return store.key(build_mod.STEP, version=build_mod.VERSION,
-                     inputs={"tasks": extracted_id, "best": best_id}, config=target.to_dict())
+def build_key(store: ArtifactStore, extracted_id: str, best_id: str | None, target: ResolvedTarget,
+              vta_tuned_ids: list[str] | None = None) -> str:
+    inputs = {"tasks": extracted_id, "best": best_id, **({"vta_tuned": sorted(vta_tuned_ids)} if vta_tuned_ids else {})}
+    return store.key(build_mod.STEP, version=build_mod.VERSION, inputs=inputs, config=target.to_dict())
 
 
-def build_step(store: ArtifactStore, extracted: Artifact, best: Artifact | None, target: ResolvedTarget) -> Artifact:
+def build_step(store: ArtifactStore, extracted: Artifact, best: Artifact | None, target: ResolvedTarget,
+               vta_tuned: list[Artifact] | None = None) -> Artifact:
+    """Build the network with the best MetaSchedule records (`best`) and, for offloaded
+    convs, the best knobs of each VTA task (`vta_tuned`); untuned without them."""
     target.check_toolchain()
     best_id = best.id if best else None
-    key = build_key(store, extracted.id, best_id, target)
+    vta_ids = [a.id for a in vta_tuned or []]
+    key = build_key(store, extracted.id, best_id, target, vta_ids)
+    knobs = {}
+    for a in vta_tuned or []:
+        summary = json.loads((a.path / "summary.json").read_text())
+        knobs[summary["key"]] = summary["best_knobs"]
     return store.produce(
         build_mod.STEP, key,
         lambda out: build_mod.build_network(
-            extracted.path, target.full_json, out, best.path if best else None, target.cross_compiler
+            extracted.path, target.full_json, out, best.path if best else None, target.cross_compiler, knobs or None
         ),
-        inputs={"tasks": extracted.id, "best": best_id},
+        inputs={"tasks": extracted.id, "best": best_id, **({"vta_tuned": sorted(vta_ids)} if vta_ids else {})},
         config=target.to_dict(),
     )
 
@@ -281,7 +353,7 @@ def evaluate_step(store: ArtifactStore, built: Artifact, fetched: Artifact, targ
             built.file(build_mod.LIB), importers.load_reference(fetched.path), target.kind,
             tracker, board_key, cfg.number, cfg.repeat, cfg.rtol, cfg.atol,
             float_output=importers.load_float_reference(fetched.path), max_seconds=cfg.max_seconds,
-            min_repeat_ms=cfg.min_repeat_ms,
+            min_repeat_ms=cfg.min_repeat_ms, vta=target.offload == "vta",
         )
         (out / "evaluation.json").write_text(json.dumps(ev.to_dict(), indent=1))
         return ev.to_dict()

@@ -48,6 +48,8 @@ class TargetPreset:
     option: str | None = None  # what ``name:OPTION`` sets (e.g. the CUDA architecture)
     runtime: str = ""  # what a board of this kind needs to serve RPC
     unavailable: str | None = None  # what the preset still needs before anything can run on it
+    offload: str | None = None  # "vta": packed convs run on a VTA board's simulator, the rest on its CPU
+    server_module: str = "tvm.exec.rpc_server"  # what a local board of this kind runs
 
 
 # The RK3399's big cluster (2x Cortex-A72): TVM's runtime binds its threads to big cores.
@@ -156,8 +158,22 @@ def _cuda(option: str | None) -> TargetPreset:
     )
 
 
+def _vta_sim(option: str | None) -> TargetPreset:
+    return replace(
+        _host_preset(option),
+        name="vta-sim",
+        description="VTA's simulator as a board: packed convs compiled to VTA instructions and run (and timed) "
+                    "by the simulator, the rest of the network on this machine's CPU; needs --vta",
+        key="vta-sim",
+        offload="vta",
+        server_module="vta_pipeline.vta.rpc_server",
+        runtime="this project's environment: `python -m vta_pipeline.vta.rpc_server --tracker HOST:PORT`",
+    )
+
+
 PRESETS: dict[str, Callable[[str | None], TargetPreset]] = {
     "host": _host_preset,
+    "vta-sim": _vta_sim,
     "pynq-arm": _pynq_arm,
     "pynq-vta": _pynq_vta,
     "rk3399-cpu": _rk3399_cpu,
@@ -223,6 +239,8 @@ class ResolvedTarget:
     cross_package: str | None = None
     query_device: bool = False
     spec: str = "host"  # what resolves back to this target (passed to Prefect tasks)
+    offload: str | None = None  # "vta": the network's packed convs run on a VTA board
+    server_module: str = "tvm.exec.rpc_server"
 
     @property
     def id(self) -> str:
@@ -263,6 +281,8 @@ class ResolvedTarget:
         d = {"name": self.name, "target": self.target_json, "host": self.host_json, "key": self.default_key}
         if self.layout != "NCHW":  # part of step keys: the NCHW presets keep their old keys
             d["layout"] = self.layout
+        if self.offload:
+            d["offload"] = self.offload
         return d
 
     def with_device_params(self, params: dict[str, int]) -> ResolvedTarget:
@@ -322,4 +342,5 @@ def resolve_target(spec: str) -> ResolvedTarget:
     p = get_preset(spec)
     _validate(p.target, p.host, spec)
     return ResolvedTarget(p.name, p.target, p.host, p.key, p.cross_compiler, device=p.device, layout=p.layout,
-                          cross_package=p.cross_package, query_device=p.query_device, spec=spec)
+                          cross_package=p.cross_package, query_device=p.query_device, spec=spec, offload=p.offload,
+                          server_module=p.server_module)

@@ -21,7 +21,11 @@ BOARD_STATE = Path(os.environ.get("VTA_PIPELINE_BOARD_STATE", "~/.vta-pipeline/b
 
 @board_app.command("up")
 def board_up(
-    key: Annotated[str, typer.Option(help="Key the servers register under.")] = "host",
+    key: Annotated[Optional[str], typer.Option(
+        help="Key the servers register under (default: host, or vta-sim with --vta-sim).")] = None,
+    vta_sim: Annotated[bool, typer.Option(
+        "--vta-sim", help="VTA simulator boards (for --target vta-sim): TVM's rpc_server with VTA's simulator "
+                          "registered, which runs the offloaded convs and times them in simulated cycles.")] = False,
     servers: Annotated[int, typer.Option(
         help="Number of rpc_server processes (more than 1 time candidates against each other on these cores).")] = 1,
     threads: Annotated[Optional[int], typer.Option(
@@ -34,9 +38,12 @@ def board_up(
 
     if BOARD_STATE.exists():
         _fail(f"a local board is already recorded in {BOARD_STATE}: run `vta-pipeline board down` first")
+    key = key or ("vta-sim" if vta_sim else "host")
+    module = "vta_pipeline.vta.rpc_server" if vta_sim else "tvm.exec.rpc_server"
     b = _guard(lambda: LocalBoard(key=key, num_servers=servers, host=host, port=port, state_file=BOARD_STATE,
-                                  detached=True, threads=threads).start())
-    typer.echo(f"tracker {b.tracker}, {servers} server(s) under key {key!r}, {b.threads} thread(s) each; "
+                                  detached=True, threads=threads, server_module=module).start())
+    kind = "VTA simulator " if vta_sim else ""
+    typer.echo(f"tracker {b.tracker}, {servers} {kind}server(s) under key {key!r}, {b.threads} thread(s) each; "
                f"use --tracker {b.tracker} --key {key}")
 
 
