@@ -167,7 +167,10 @@ class QuantizeConfig(_Strict):
         "scale, as ONNX Runtime's QGemm does: 4x fewer weight bytes to read per run.")
     nbit_input: int = Field(8, ge=2, le=8, description="Bits of quantized activations.")
     nbit_weight: int = Field(8, ge=2, le=8, description="Bits of quantized weights.")
-    dtype_activation: Literal["int32"] = Field("int32", description="Type of activations between layers.")
+    dtype_activation: Literal["int32", "int8"] = Field(
+        "int32", description="Type of activations between layers (relay's option): int32 adds residuals in int32; "
+        "int8 reads a residual add's operands as int8 at its scale (but the one accumulator its conv's epilogue adds "
+        "them to), as VTA's int8 stores between kernels need: the default of --target vta-sim.")
     weight_scale: Literal["power2"] = Field("power2", description="Weight scales are powers of two.")
     calibrate_mode: Literal["global_scale", "max", "percentile"] = Field(
         "global_scale",
@@ -295,18 +298,19 @@ def build_config(file_values: dict[str, Any] | None, overrides: dict[str, Any], 
 
 
 def _apply_preset_defaults(data: dict[str, Any]) -> None:
-    """The target preset's board key and measurement defaults, for what was not given."""
+    """The target preset's board key and config defaults (measure, quantize), for what was not given."""
     from .targets import preset_defaults
 
     spec = data.get("target", "host")
     if not isinstance(spec, str):
         return
     try:
-        key, measure = preset_defaults(spec)
+        key, sections = preset_defaults(spec)
     except ConfigError:
         return  # resolve_target reports an unknown preset with the full list
     if key is not None and isinstance(data.setdefault("board", {}), dict):
         data["board"].setdefault("key", key)
-    if measure and isinstance(data.setdefault("measure", {}), dict):
-        for k, v in measure.items():
-            data["measure"].setdefault(k, v)
+    for section, defaults in sections.items():
+        if isinstance(data.setdefault(section, {}), dict):
+            for k, v in defaults.items():
+                data[section].setdefault(k, v)

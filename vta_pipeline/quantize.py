@@ -108,6 +108,7 @@ def quantize_model(model_dir: Path, cfg: QuantizeConfig, out_dir: Path, seed: in
         nbit_input=cfg.nbit_input,
         nbit_weight=cfg.nbit_weight,
         quantize_dense=not cfg.skip_dense_layer,
+        int8_activations=cfg.dtype_activation == "int8",
     )
     if cfg.calibrate_mode != "global_scale":
         params.var_act_exp = calibrate(mod, cfg, calibration_inputs(cfg, tuple(x.shape), seed))

@@ -208,8 +208,8 @@ def get_preset(spec: str) -> TargetPreset:
 
 
 def preset_defaults(spec: str) -> tuple[str | None, dict[str, Any]]:
-    """(default board key, measurement defaults) of a spec, without importing TVM where the
-    preset does not need it; (None, {}) for target JSON."""
+    """(default board key, config defaults by section: measure, quantize) of a spec, without
+    importing TVM where the preset does not need it; (None, {}) for target JSON."""
     spec = spec.strip()
     if spec.startswith("{"):
         try:
@@ -222,7 +222,10 @@ def preset_defaults(spec: str) -> tuple[str | None, dict[str, Any]]:
     if spec.partition(":")[0] == "host":
         return "host", {}
     p = get_preset(spec)
-    return p.key, dict(p.measure)
+    sections = {"measure": dict(p.measure)} if p.measure else {}
+    if p.offload == "vta":  # VTA stores int8 between kernels: residual adds read int8
+        sections["quantize"] = {"dtype_activation": "int8"}
+    return p.key, sections
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,9 @@ The arithmetic is what VTA executes (and what `relay.quantize` produced for it):
 - bias adds become int32 adds of the bias rounded at the accumulator's exponent; relu,
   relu6 (clip), max pool, avg pool (int32, truncating division), residual adds and
   concats (operands shifted to the coarser exponent) stay in int32;
+- with int8 activations (relay's dtype_activation="int8", what VTA's int8 stores between
+  kernels need), a residual add reads all its operands but one as int8 at the sum's
+  activation exponent; the one left (the finest int32 accumulator) is shifted there;
 - a max pool whose output is only ever quantized (resnet18's after its stem, float or int8)
   pools the (re)quantized int8 value instead: the same values, since (re)quantizing is
   monotonic;
@@ -47,6 +50,7 @@ class QuantizeParams:
     nbit_input: int = 8
     nbit_weight: int = 8
     quantize_dense: bool = False  # matmuls with constant weights too (relay's skip_dense_layer=False)
+    int8_activations: bool = False  # residual adds read int8 operands (relay's dtype_activation="int8")
 
     @staticmethod
     def exp_for_bound(bound: float, nbit: int) -> int:
@@ -203,7 +207,12 @@ class Quantizer(Rebuilder):
     def _dequantize(self, var: Any) -> Any:
         if var not in self.deq:
             qv = self.q[var]
-            f = relax.op.astype(qv.expr, "float32")
+            src = qv.expr
+            if self.p.int8_activations and qv.dtype == "int32" and qv.exp == self._exp_for(var):
+                # an activation (a residual sum) leaves as VTA stores it: int8 (an accumulator,
+                # at a finer scale, is left as it is)
+                src = self._to_int8(var, qv.exp)
+            f = relax.op.astype(src, "float32")
             self.deq[var] = self.emit(relax.op.multiply(f, relax.const(2.0 ** -qv.exp, "float32")), "dequantize")
         return self.deq[var]
 
@@ -280,6 +289,8 @@ class Quantizer(Rebuilder):
                 cq = relax.const(cq.astype("int32"))
                 return self._set(var, self.emit(relax.op.add(base, cq), name_hint), qv.exp)
             if all(isinstance(a, relax.Var) for a in v.args):
+                if self.p.int8_activations:
+                    return self._int8_add(list(v.args), var)
                 (a, b), exp = self._unify(list(v.args))
                 return self._set(var, self.emit(relax.op.add(a, b), name_hint), exp)
         if name == "nn.relu" and quant[0]:
@@ -323,6 +334,19 @@ class Quantizer(Rebuilder):
                 new = relax.Call(v.op, [relax.Tuple(vals)], v.attrs, v.ty_args)
                 return self._set(var, self.emit(new, name_hint), exp)
         return self.copy(binding)
+
+    def _int8_add(self, args: list[Any], var: Any) -> Any:
+        """A residual add as VTA runs it (`int8_activations`): VTA stores int8 between kernels,
+        so every operand but one arrives as int8 at the sum's activation exponent (requantized
+        and clipped like a conv's input); the one left, the int32 accumulator with the finest
+        scale, is shifted to that exponent and takes the others in its conv's epilogue."""
+        qvs = [self._qvalue(a) for a in args]
+        exp = self._exp_for(var)
+        wide = [i for i, qv in enumerate(qvs) if qv.dtype == "int32"]
+        main = max(wide, key=lambda i: qvs[i].exp) if wide else None
+        vals = [self._shift_to(qv, exp) if i == main else relax.op.astype(self._to_int8(a, exp), "int32")
+                for i, (a, qv) in enumerate(zip(args, qvs))]
+        return self._set(var, self.emit(relax.op.add(*vals), str(var.name)), exp)
 
     def _set(self, var: Any, expr: Any, exp: int, dtype: str = "int32") -> None:
         self.q[var] = QValue(expr, dtype, exp)

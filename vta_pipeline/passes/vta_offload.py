@@ -8,7 +8,7 @@ else. The chain our quantize pass emits:
 
     conv2d (NCHW{b}n{bi}c int8, OIHW{bo}o{bi}i constant int8 -> int32)
     [+ bias (constant, per output channel)]  [relu]  [+ round]  [>> shift]
-    [+ astype(residual int8, int32)]  [relu]  [minimum hi]  [maximum lo]  astype int8
+    [+ astype(residual int8, int32)]  [relu]  [+ round  >> shift]  [minimum hi]  [maximum lo]  astype int8
 
 A residual added after the shift is added before it, shifted left by it: `(a + (r << s)) >> s`
 is `(a >> s) + r` for an arithmetic shift, exactly. A ReLU becomes the clip's lower bound 0: it
@@ -114,7 +114,9 @@ def _match_conv(scan: _Scan, var: relax.Var, call: relax.Call, cfg: VTAConfig) -
     bias = residual = None
     relu = False  # seen: nothing it does not commute with may follow
     clipped: set[str] = set()
-    stage = 0  # 0 bias, 1 round, 2 shift, 3 residual, 4 clip: each step at or after the last
+    # where in VTA's epilogue the chain is: each operator must come at or after the last one's place
+    BIAS, ROUND, SHIFT, RESIDUAL, POST_ROUND, POST_SHIFT, CLIP = range(7)
+    stage = BIAS
     cur = var
     while True:
         nxt = scan.sole_reader(cur)
@@ -124,33 +126,36 @@ def _match_conv(scan: _Scan, var: relax.Var, call: relax.Call, cfg: VTAConfig) -
         op = op_name(c) or type(c).__name__
         other = [x for x in getattr(c, "args", []) if not (isinstance(x, relax.Var) and x.same_as(cur))]
         k = _const_scalar(other[0]) if len(other) == 1 else None
+        cast = _call(scan.bindings.get(other[0]), "astype") if len(other) == 1 else None
         if op == "astype":
             if str(c.attrs.dtype) != "int8":
                 return f"its result leaves as {c.attrs.dtype}, not int8 (VTA stores int8)"
             last = nxt.var
             break
-        if op == "add" and stage == 0 and not relu and len(other) == 1 \
+        if op == "add" and stage == BIAS and not relu and len(other) == 1 \
                 and isinstance(other[0], Const) and const_value(other[0]).size == wl.out_filter:
             bias = const_value(other[0]).astype(np.int32).reshape(1, cob, 1, 1, b, bo)
-            epi["bias"], stage = True, 1
+            epi["bias"], stage = True, ROUND
         elif op == "nn.relu":
             relu = True
-        elif op == "add" and stage <= 1 and k is not None:
-            epi["round_add"], stage = k, 2
-        elif op == "right_shift" and stage <= 2 and k is not None and k >= 0:
-            epi["shift"], stage = k, 3
-        elif op == "add" and stage <= 3 and len(other) == 1 and residual is None \
-                and _call(scan.bindings.get(other[0]), "astype") is not None \
-                and dtype_of(_call(scan.bindings.get(other[0]), "astype").args[0]) == "int8":
+        elif op == "add" and k is not None and stage <= ROUND:
+            epi["round_add"], stage = k, SHIFT
+        elif op == "add" and k is not None and residual is not None and stage <= POST_ROUND:
+            epi["post_round_add"], stage = k, POST_SHIFT
+        elif op == "right_shift" and k is not None and k >= 0 and stage <= SHIFT:
+            epi["shift"], stage = k, RESIDUAL
+        elif op == "right_shift" and k is not None and k >= 0 and residual is not None and stage <= POST_SHIFT:
+            epi["post_shift"], stage = k, CLIP
+        elif op == "add" and stage <= RESIDUAL and cast is not None and dtype_of(cast.args[0]) == "int8":
             if relu:
                 return "a ReLU before its residual add (VTA's epilogue clips after it)"
-            residual = _call(scan.bindings[other[0]], "astype").args[0]
-            epi["residual_shift"], stage = epi["shift"], 4
+            residual = cast.args[0]
+            epi["residual_shift"], stage = epi["shift"], POST_ROUND
         elif op == "minimum" and k is not None:
-            epi["clip_max"], stage = min(epi["clip_max"], k), 4
+            epi["clip_max"], stage = min(epi["clip_max"], k), CLIP
             clipped.add("max")
         elif op == "maximum" and k is not None:
-            epi["clip_min"], stage = max(epi["clip_min"], k), 4
+            epi["clip_min"], stage = max(epi["clip_min"], k), CLIP
             clipped.add("min")
         else:
             return f"{op} after it is not part of VTA's epilogue"
@@ -159,8 +164,9 @@ def _match_conv(scan: _Scan, var: relax.Var, call: relax.Call, cfg: VTAConfig) -
         return "no clip to int8 before its cast (VTA's epilogue clips, the cast would wrap)"
     if relu:
         epi["clip_min"] = max(epi["clip_min"], 0)
-    if relu and not 0 <= epi["round_add"] < (1 << epi["shift"]):
-        return f"a ReLU before a rounding add {epi['round_add']} not in [0, 2^{epi['shift']})"
+        for r, sh in ((epi["round_add"], epi["shift"]), (epi.get("post_round_add", 0), epi.get("post_shift", 0))):
+            if not 0 <= r < (1 << sh) and (r or sh):
+                return f"a ReLU before a rounding add {r} not in [0, 2^{sh})"
     return _Match(var, last, data, const_value(weight), bias, residual, wl, Epilogue(**epi))
 
 

@@ -83,8 +83,10 @@ class ConvWorkload:
 @dataclass(frozen=True)
 class Epilogue:
     """What follows the conv, in this order: + bias[c], + (residual << residual_shift) (a
-    negative shift: right), + round_add, >> shift, clip to [clip_min, clip_max]. The output is
-    int8 (the clip must keep it in range: VTA's store truncates)."""
+    negative shift: right), + round_add, >> shift, + post_round_add, >> post_shift, clip to
+    [clip_min, clip_max]. The output is int8 (the clip must keep it in range: VTA's store
+    truncates). The second rounding shift is a residual sum's requantize to the next layer's
+    scale (resnet's downsampling blocks): two roundings, which one shift cannot reproduce."""
 
     bias: bool = True
     residual_shift: int | None = None
@@ -92,6 +94,8 @@ class Epilogue:
     shift: int = 0
     clip_min: int = -127
     clip_max: int = 127
+    post_round_add: int = 0
+    post_shift: int = 0
 
 
 @dataclass(frozen=True)
@@ -212,8 +216,9 @@ def compile_conv(wl: ConvWorkload, knobs: Knobs, epi: Epilogue, cfg: VTAConfig, 
     g = check(wl, knobs, epi, cfg)
     k, lay = knobs, Layout.of(cfg)
     b, bi, bo = cfg.BATCH, cfg.BLOCK_IN, cfg.BLOCK_OUT
-    if not -(1 << 15) <= epi.round_add < (1 << 15):
-        raise KnobError(f"the requantize's rounding add {epi.round_add} does not fit the ALU's 16-bit immediate "
+    if not all(-(1 << 15) <= r < (1 << 15) for r in (epi.round_add, epi.post_round_add)):
+        raise KnobError(f"the requantize's rounding add {max(epi.round_add, epi.post_round_add)} does not fit the "
+                        "ALU's 16-bit immediate "
                         "(a shift of at most 15)")
     shapes = {"data": ((1, g.cib, wl.height, wl.width, b, bi), "int8"),
               "kernel": ((g.cob, g.cib, wl.kh, wl.kw, bo, bi), "int8"),
@@ -355,6 +360,10 @@ def _epilogue(wl: ConvWorkload, k: Knobs, g: _Geometry, epi: Epilogue, base: dic
         ops.append(over_tile(AluOp.ADD, RESET_UOP, epi.round_add))
     if epi.shift:
         ops.append(over_tile(AluOp.SHR, RESET_UOP, epi.shift))
+    if epi.post_round_add:
+        ops.append(over_tile(AluOp.ADD, RESET_UOP, epi.post_round_add))
+    if epi.post_shift:
+        ops.append(over_tile(AluOp.SHR, RESET_UOP, epi.post_shift))
     ops.append(over_tile(AluOp.MIN, RESET_UOP, epi.clip_max))
     ops.append(over_tile(AluOp.MAX, RESET_UOP, epi.clip_min))
     return ops
@@ -386,6 +395,7 @@ def reference(wl: ConvWorkload, epi: Epilogue, data: np.ndarray, kernel: np.ndar
         res = residual.astype(np.int64)
         acc = acc + (res << epi.residual_shift if epi.residual_shift >= 0 else res >> -epi.residual_shift)
     acc = (acc + epi.round_add) >> epi.shift
+    acc = (acc + epi.post_round_add) >> epi.post_shift
     return np.clip(acc, epi.clip_min, epi.clip_max).astype(np.int8)
 
 

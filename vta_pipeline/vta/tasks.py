@@ -31,7 +31,8 @@ def epilogue_structure(epi: Epilogue) -> Epilogue:
     """The epilogue with every number that costs no cycle made canonical."""
     rs = epi.residual_shift
     return Epilogue(bias=epi.bias, residual_shift=None if rs is None else (rs > 0) - (rs < 0),
-                    round_add=int(bool(epi.round_add)), shift=int(bool(epi.shift)), clip_min=-127, clip_max=127)
+                    round_add=int(bool(epi.round_add)), shift=int(bool(epi.shift)), clip_min=-127, clip_max=127,
+                    post_round_add=int(bool(epi.post_round_add)), post_shift=int(bool(epi.post_shift)))
 
 
 @dataclass(frozen=True)
