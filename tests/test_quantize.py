@@ -245,3 +245,40 @@ def test_int8_accuracy_of_a_trained_cnn_is_within_two_points_of_float(mode, dens
     print(f"{mode}, dense {'int8' if dense else 'float'}: float top-1 {float_acc:.3f}, int8 top-1 {int8_acc:.3f}")
     assert 0.8 < float_acc < 1.0  # the task is learnt but not trivial
     assert float_acc - int8_acc <= 0.02
+
+
+class _TwoBlocks(torch.nn.Module):
+    """A stem, a max pool, two residual blocks: the second block's skip is the first's sum."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.c = torch.nn.ModuleList(torch.nn.Conv2d(16, 16, 3, padding=1) for _ in range(4))
+
+    def forward(self, x):
+        x = torch.nn.functional.max_pool2d(torch.relu(self.stem(x)), 2)
+        y = torch.relu(self.c[1](torch.relu(self.c[0](x))) + x)
+        return torch.relu(self.c[3](torch.relu(self.c[2](y))) + y)
+
+
+def test_int8_activations_read_a_residual_adds_operands_as_int8_but_the_accumulator_its_conv_adds_them_to():
+    """relay's dtype_activation="int8", what VTA's int8 stores between kernels need: the second
+    block adds the first block's sum as int8 (the value its conv reads too) to its conv's
+    shifted accumulator; with int32 activations it adds the sum's int32 value. Both are
+    bit-exact with the emulation."""
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype("float32")
+    mod = to_relax(randomize(_TwoBlocks(), 0), x)
+    q8, _ = quantize(mod, QuantizeParams(skip_conv_layers=(0,), int8_activations=True))
+    q32, _ = quantize(mod, QuantizeParams(skip_conv_layers=(0,)))
+
+    def residual_operands(q):
+        by_var = {b.var: b.value for b in main_bindings(q)}
+        return [sorted(op_name(by_var[a]) for a in b.value.args) for b in main_bindings(q)
+                if op_name(b.value) == "add" and all(a in by_var and op_name(by_var[a]) in ("astype", "right_shift",
+                                                                                          "nn.relu")
+                                                     for a in b.value.args)]
+
+    assert residual_operands(q8) == [["astype", "right_shift"]] * 2  # int8 widened + the shifted accumulator
+    assert residual_operands(q32) == [["astype", "right_shift"], ["nn.relu", "right_shift"]]
+    for q in (q8, q32):
+        assert np.array_equal(build_run(q, x), emulate.run(q, [x])[0])

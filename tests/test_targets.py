@@ -29,7 +29,7 @@ def test_bad_targets(spec, needle):
 
 
 # ---- the board presets ----------------------------------------------------------------------------
-PRESETS = ["host", "pynq-arm", "pynq-vta", "rk3399-cpu", "rk3399-mali", "cuda"]
+PRESETS = ["host", "pynq-arm", "pynq-vta", "vta-sim", "rk3399-cpu", "rk3399-mali", "cuda"]
 RUNNABLE = [p for p in PRESETS if p != "pynq-vta"]
 
 
@@ -139,3 +139,21 @@ def test_a_cross_target_needs_a_tracker_not_the_local_board():
     else:  # here it cannot: refused before any work (tests/test_cli.py checks the message)
         with pytest.raises(ConfigError, match="--tracker HOST:PORT.*'cuda' boards"):
             steps.check_local_board(build_config(None, {"target": "cuda"}), resolve_target("cuda"))
+
+
+def test_vta_sim_runs_the_vta_path_on_the_simulator_board_and_refuses_without_it():
+    from vta_pipeline import steps
+    from vta_pipeline.config import build_config
+
+    t = resolve_target("vta-sim")
+    assert t.offload == "vta" and t.server_module == "vta_pipeline.vta.rpc_server" and t.kind == "llvm"
+    assert t.to_dict()["offload"] == "vta" and "offload" not in resolve_target("host").to_dict()
+    cfg = build_config(None, {"target": "vta-sim", "quantize.enabled": True, "pack.enabled": True})
+    assert cfg.board.key == "vta-sim" and cfg.quantize.dtype_activation == "int8"  # VTA stores int8
+    steps.check_target(cfg, t)
+    with pytest.raises(ConfigError, match=r"target 'vta-sim' runs the network's packed int8 convs on VTA: add --vta"):
+        steps.check_target(build_config(None, {"target": "vta-sim"}), t)
+    x86 = build_config(None, {"target": "vta-sim", "quantize.enabled": True, "pack.enabled": True,
+                              "pack.layout": "x86"})
+    with pytest.raises(ConfigError, match=r"not --pack-layout x86"):
+        steps.check_target(x86, t)

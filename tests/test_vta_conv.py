@@ -77,10 +77,11 @@ def test_the_untuned_config_is_autotvms_fallback_and_also_exact():
     assert np.array_equal(out, ref)
 
 
-def test_an_epilogue_without_bias_or_residual_and_a_left_shifted_residual():
+def test_an_epilogue_without_bias_or_residual_a_left_shifted_residual_and_a_second_rounding_shift():
     wl = ConvWorkload(1, 14, 14, 32, 32, 1, 1, 0, 0, 1, 1)
     k = Knobs(1, 7, 14, 2, 1, 1, 2)
-    for epi in (Epilogue(bias=False, shift=4, round_add=8), Epilogue(residual_shift=-2, shift=6, round_add=32)):
+    for epi in (Epilogue(bias=False, shift=4, round_add=8), Epilogue(residual_shift=-2, shift=6, round_add=32),
+                Epilogue(residual_shift=6, shift=6, round_add=32, post_round_add=2, post_shift=2, clip_min=0)):
         out, _, ref = simulate(wl, k, epi)
         assert np.array_equal(out, ref), epi
 

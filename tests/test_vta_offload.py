@@ -169,3 +169,26 @@ def test_the_dag_runs_tinynet_on_a_vta_sim_board_with_its_convs_tuned_by_knobs(p
     assert result["tuned"]["mean_ms"] == pytest.approx(net["tuned"]["vta_ms"] + net["tuned"]["cpu_ms"])
     computed = {e["step"] for e in store.events() if e["event"] == "computed"}
     assert {"extract", "vta_tune", "tune", "build", "evaluate"} <= computed
+
+
+@pytest.mark.slow
+def test_every_packed_conv_of_resnet18_runs_on_vta_and_the_network_is_bit_exact(tmp_path):
+    """With int8 activations (vta-sim's default) every conv but the float stem is offloaded:
+    the recipe's ten workloads (three of them also as a block's second conv, with its residual)
+    and the downsampling 1x1 convs; the network's output is the CPU build's, bit for bit."""
+    root = tmp_path / "store"
+    cfg = build_config(None, {"model.source": "torchvision", "model.name": "resnet18", "quantize.enabled": True,
+                              "pack.enabled": True, "target": "vta-sim", "store": str(root)})
+    assert cfg.quantize.dtype_activation == "int8"
+    packed = steps.prepare_model(ArtifactStore(root), cfg)
+    mod = tvm.ir.load_json((packed.path / "module.json").read_text())
+    offloaded, report = offload_convs(mod, CFG, _big_tiles)
+    assert len(report) == 19 and all(c.on_vta for c in report), [c.reason for c in report if not c.on_vta]
+    workloads = {tuple(c.workload.__dict__.values()) for c in report}
+    from test_vta_networks import RESNET18_VTA_WORKLOADS
+
+    assert workloads == RESNET18_VTA_WORKLOADS
+    assert sum(c.epilogue.residual_shift is not None for c in report) == 8  # each basic block's second conv
+    runtime.register()
+    x = np.load(packed.path / "reference.npz")["input"]
+    assert np.array_equal(_run_local(offloaded, x), _run_local(mod, x))

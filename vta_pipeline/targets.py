@@ -173,9 +173,9 @@ def _vta_sim(option: str | None) -> TargetPreset:
 
 PRESETS: dict[str, Callable[[str | None], TargetPreset]] = {
     "host": _host_preset,
-    "vta-sim": _vta_sim,
     "pynq-arm": _pynq_arm,
     "pynq-vta": _pynq_vta,
+    "vta-sim": _vta_sim,
     "rk3399-cpu": _rk3399_cpu,
     "rk3399-mali": _rk3399_mali,
     "cuda": _cuda,
