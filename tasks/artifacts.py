@@ -44,5 +44,10 @@ def publish(result: dict[str, Any], store_root: Path) -> None:
         key="tuning-tasks",
         description="per-task tuning results: best latency, GFLOPS, trials, best GFLOPS so far",
     )
+    if result.get("vta"):
+        v = result["vta"]
+        create_table_artifact([dict(zip(report.VTA_HEADER, r)) for r in report.vta_rows(v)], key="vta",
+                              description=f"VTA, simulated at {v['clock_mhz']:.0f} MHz: untuned vs tuned per conv "
+                                          f"task and for the network, GOPS of the {v['peak_gops']:.1f} GOPS peak")
     create_markdown_artifact(report.markdown(result, store_root), key="evaluation",
                              description=f"{result['model']}: untuned vs tuned, output check, plots")

@@ -123,6 +123,29 @@ def test_board_up_status_down(tmp_path):
     assert not port_open("127.0.0.1", port)
 
 
+def test_board_up_vta_sim_starts_servers_that_run_vtas_simulator(tmp_path):
+    import os
+
+    from vta_pipeline.boards import free_port
+    from vta_pipeline.vta.conv import ConvWorkload, Epilogue, Knobs
+    from vta_pipeline.vta.remote import board_measure
+    from vta_pipeline.vta_config import VTAConfig
+
+    full = dict(os.environ, VTA_PIPELINE_BOARD_STATE=str(tmp_path / "board.json"))
+    cli = [sys.executable, "-m", "vta_pipeline.cli", "board"]
+    port = free_port()
+    up = subprocess.run([*cli, "up", "--vta-sim", "--port", str(port)], env=full, capture_output=True, text=True,
+                        timeout=180)
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "VTA simulator server(s) under key 'vta-sim'" in up.stdout
+        wl = ConvWorkload(1, 14, 14, 32, 32, 3, 3, 1, 1, 1, 1)
+        (m,) = board_measure(f"127.0.0.1:{port}", "vta-sim", wl, Epilogue(), VTAConfig())([Knobs()])
+        assert m.cycles and m.error is None
+    finally:
+        subprocess.run([*cli, "down"], env=full, capture_output=True, text=True, timeout=60)
+
+
 def test_targets_and_models_listings():
     r = runner.invoke(app, ["targets"])
     assert r.exit_code == 0 and '"kind": "llvm"' in r.stdout

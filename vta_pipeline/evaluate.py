@@ -117,9 +117,8 @@ def evaluate_on_board(
         split = None
         if vta:
             from .vta.network import time_on_board
-            from .vta.runtime import COUNTERS
 
-            split = time_on_board(vm, dev, remote.get_function(COUNTERS), [xd], repeat=min(repeat, MIN_REPEAT))
+            split = time_on_board(vm, dev, remote, [xd], repeat=min(repeat, MIN_REPEAT))
             number, reps = 1, [split.total_ms]
         else:
             per_run_s = vm.time_evaluator("main", dev, number=1, repeat=1)(xd).mean  # warm, and sized

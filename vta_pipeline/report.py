@@ -153,6 +153,14 @@ def vta_rows(v: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _vta_markdown(v: dict[str, Any] | None) -> list[str]:
+    if not v:
+        return []
+    return [f"## VTA, simulated at {v['clock_mhz']:.0f} MHz (peak {v['peak_gops']:.1f} GOPS)", "",
+            "| " + " | ".join(VTA_HEADER) + " |", "|" + "---|" * len(VTA_HEADER),
+            *("| " + " | ".join(r) + " |" for r in vta_rows(v)), ""]
+
+
 def vta_lines(v: dict[str, Any]) -> list[str]:
     """The VTA table as log lines (simulated at the clock, peak stated)."""
     head = f"VTA (simulated at {v['clock_mhz']:.0f} MHz, peak {v['peak_gops']:.1f} GOPS): " + " | ".join(VTA_HEADER)
@@ -266,6 +274,7 @@ def markdown(result: dict[str, Any], store_root: Path) -> str:
         f"{sum(x['trials'] for x in result['tasks'])} trials, run took {result['seconds']:.0f} s."
         + _float_line(result) + verdict,
         "",
+        *_vta_markdown(result.get("vta")),
         "## Tuning curves",
         "",
         f"![tuning curves]({plots.data_uri(curves)})",

@@ -29,10 +29,10 @@ import tvm
 from tvm import relax
 
 from ..vta.conv import ConvWorkload, Epilogue, Knobs
-from .graph import Const, Rebuilder, const_value, dtype_of, main_bindings, op_name, shape_of
 from ..vta.runtime import CONV2D, ConvSpec
 from ..vta.simulator import CycleModel
 from ..vta_config import VTAConfig
+from .graph import Const, Rebuilder, const_value, dtype_of, main_bindings, op_name, shape_of
 
 
 @dataclass
@@ -52,7 +52,6 @@ class OffloadedConv:
 
 @dataclass
 class _Match:
-    conv: relax.Var
     last: relax.Var  # the int8 value the chain ends in: the call's output
     data: relax.Expr
     kernel: np.ndarray
@@ -167,7 +166,7 @@ def _match_conv(scan: _Scan, var: relax.Var, call: relax.Call, cfg: VTAConfig) -
         for r, sh in ((epi["round_add"], epi["shift"]), (epi.get("post_round_add", 0), epi.get("post_shift", 0))):
             if not 0 <= r < (1 << sh) and (r or sh):
                 return f"a ReLU before a rounding add {r} not in [0, 2^{sh})"
-    return _Match(var, last, data, const_value(weight), bias, residual, wl, Epilogue(**epi))
+    return _Match(last, data, const_value(weight), bias, residual, wl, Epilogue(**epi))
 
 
 def offload_convs(mod: tvm.IRModule, cfg: VTAConfig, knobs_for: Callable[[ConvWorkload, Epilogue], Knobs],

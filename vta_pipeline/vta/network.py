@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from .runtime import COUNTERS
+from .runtime import COUNTERS, SET_FUNCTIONAL
 
 
 @dataclass
@@ -31,11 +31,17 @@ class NetworkTime:
         return self.vta_ms + self.cpu_ms
 
 
-def time_on_board(vm: Any, dev: Any, counters: Any, args: list[Any], repeat: int = 3) -> NetworkTime:
-    """Time `vm`'s main on the board `dev` belongs to; `counters` is the board's
-    `vta_pipeline.vta.counters` function of the same session."""
+def time_on_board(vm: Any, dev: Any, session: Any, args: list[Any], repeat: int = 3) -> NetworkTime:
+    """Time `vm`'s main on the board `dev` belongs to (`session`: its RPC session, or a local
+    one). The timed runs simulate timing only (the cycles do not depend on the values): check
+    the output with a run before."""
+    counters, set_functional = session.get_function(COUNTERS), session.get_function(SET_FUNCTIONAL)
     counters(True)
-    walls = vm.time_evaluator("main", dev, number=1, repeat=repeat)(*args).results
+    set_functional(False)
+    try:
+        walls = vm.time_evaluator("main", dev, number=1, repeat=repeat)(*args).results
+    finally:
+        set_functional(True)
     counted = json.loads(str(counters(False)))
     if not counted:
         raise RuntimeError("no conv ran on VTA: the module has no offloaded convs, or the board's runtime "
