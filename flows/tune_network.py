@@ -134,7 +134,8 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
         if cfg.pack.enabled:
             model = packed = pack_(root, model, cfg.pack.model_dump(mode="json"), cfg.vta.model_dump(mode="json"),
                                    cache)
-        vta = cfg.vta.model_dump(mode="json") if target.offload == "vta" else None
+        offload = steps.offload_config(cfg, target)
+        vta = offload.model_dump(mode="json") if offload is not None else None
         extracted = extract_tasks_(root, model, tspec, cache, vta)
         vta_tasks = vta_tasks_mod.load_tasks(extracted["path"]) if vta else []
         if vta:

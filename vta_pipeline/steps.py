@@ -148,6 +148,11 @@ def prepare_model(store: ArtifactStore, cfg: PipelineConfig, upto: str = "pack")
 
 
 # ---- extract ----------------------------------------------------------------------------------
+def offload_config(cfg: PipelineConfig, target: ResolvedTarget) -> VTAConfig | None:
+    """The VTA config a run's packed convs are offloaded to (target vta-sim), or None."""
+    return cfg.vta if target.offload == "vta" else None
+
+
 def _extract_config(target: ResolvedTarget, vta: VTAConfig | None) -> dict[str, Any]:
     return target.to_dict() if vta is None else {**target.to_dict(), "offload_vta": vta.model_dump(mode="json")}
 

@@ -89,7 +89,7 @@ def tasks_cmd(
         tgt = resolve_target(cfg.target)
         st = ArtifactStore(cfg.store)
         fetched = steps.prepare_model(st, cfg)
-        extracted = steps.extract_step(st, fetched, tgt)
+        extracted = steps.extract_step(st, fetched, tgt, steps.offload_config(cfg, tgt))
         tasks = select_tasks(load_tasks(extracted.path), cfg.tune.task_filter,
                              packed_float=cfg.pack.enabled and not cfg.quantize.enabled)
         if as_json:
@@ -110,7 +110,18 @@ def tasks_cmd(
         for t in tasks:
             wl = [str(v) for v in t.workload] if t.workload else ["-"] * len(WORKLOAD_FIELDS)
             table.add_row(str(t.index), t.name, str(t.weight), f"{t.flops / 1e6:.1f}", *wl)
-        Console(width=None if sys.stdout.isatty() else 200).print(table)
+        console = Console(width=None if sys.stdout.isatty() else 200)
+        console.print(table)
+        from vta_pipeline.vta.tasks import load_tasks as load_vta_tasks
+
+        vta_tasks = load_vta_tasks(extracted.path)
+        if vta_tasks:
+            vt = Table(title=f"VTA knob tasks (the packed convs offloaded to VTA by {tgt.name})")
+            for h in ("task", "convs", "GOPs", *WORKLOAD_FIELDS):
+                vt.add_column(h)
+            for t in vta_tasks:
+                vt.add_row(t.name, str(t.count), f"{t.ops() / 1e9:.3f}", *(str(v) for v in t.workload.__dict__.values()))
+            console.print(vt)
 
     _guard(go)
 
@@ -221,7 +232,7 @@ def build_cmd(
         tgt = resolve_target(cfg.target)
         steps.check_target(cfg, tgt)
         st = ArtifactStore(cfg.store)
-        extracted = steps.extract_step(st, steps.prepare_model(st, cfg), tgt)
+        extracted = steps.extract_step(st, steps.prepare_model(st, cfg), tgt, steps.offload_config(cfg, tgt))
         built = steps.build_step(st, extracted, None, tgt)
         lib = built.file("model.so")
         if out is not None:
