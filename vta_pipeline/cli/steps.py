@@ -120,7 +120,8 @@ def tasks_cmd(
             for h in ("task", "convs", "GOPs", *WORKLOAD_FIELDS):
                 vt.add_column(h)
             for t in vta_tasks:
-                vt.add_row(t.name, str(t.count), f"{t.ops() / 1e9:.3f}", *(str(v) for v in t.workload.__dict__.values()))
+                wl = (str(v) for v in t.workload.__dict__.values())
+                vt.add_row(t.name, str(t.count), f"{t.ops() / 1e9:.3f}", *wl)
             console.print(vt)
 
     _guard(go)
