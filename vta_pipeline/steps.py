@@ -314,10 +314,15 @@ def pick_best_step(store: ArtifactStore, tuned: list[Artifact], target: Resolved
 
 
 # ---- build ------------------------------------------------------------------------------------
+def _build_inputs(extracted_id: str, best_id: str | None, vta_tuned_ids: list[str] | None) -> dict[str, Any]:
+    # without VTA tasks, the inputs (and keys) builds always had
+    return {"tasks": extracted_id, "best": best_id, **({"vta_tuned": sorted(vta_tuned_ids)} if vta_tuned_ids else {})}
+
+
 def build_key(store: ArtifactStore, extracted_id: str, best_id: str | None, target: ResolvedTarget,
               vta_tuned_ids: list[str] | None = None) -> str:
-    inputs = {"tasks": extracted_id, "best": best_id, **({"vta_tuned": sorted(vta_tuned_ids)} if vta_tuned_ids else {})}
-    return store.key(build_mod.STEP, version=build_mod.VERSION, inputs=inputs, config=target.to_dict())
+    return store.key(build_mod.STEP, version=build_mod.VERSION,
+                     inputs=_build_inputs(extracted_id, best_id, vta_tuned_ids), config=target.to_dict())
 
 
 def build_step(store: ArtifactStore, extracted: Artifact, best: Artifact | None, target: ResolvedTarget,
@@ -337,7 +342,7 @@ def build_step(store: ArtifactStore, extracted: Artifact, best: Artifact | None,
         lambda out: build_mod.build_network(
             extracted.path, target.full_json, out, best.path if best else None, target.cross_compiler, knobs or None
         ),
-        inputs={"tasks": extracted.id, "best": best_id, **({"vta_tuned": sorted(vta_ids)} if vta_ids else {})},
+        inputs=_build_inputs(extracted.id, best_id, vta_ids),
         config=target.to_dict(),
     )
 

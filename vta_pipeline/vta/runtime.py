@@ -67,6 +67,7 @@ class ConvSpec:
 
 @dataclass
 class _Compiled:
+    spec: ConvSpec
     program: Program
     dram: Dram
     sim: Simulator
@@ -82,26 +83,28 @@ _lock = threading.Lock()
 _functional = True
 
 
-def _get(spec_json: str) -> tuple[ConvSpec, _Compiled]:
-    spec = ConvSpec.from_json(spec_json)
+def _get(spec_json: str) -> _Compiled:
+    """The spec's compiled program: parsed and compiled on its first call only."""
     with _lock:
         c = _compiled.get(spec_json)
         if c is None:
+            spec = ConvSpec.from_json(spec_json)
             cfg = VTAConfig(**spec.vta)
             dram = Dram()
-            c = _compiled[spec_json] = _Compiled(compile_conv(spec.workload, spec.knobs, spec.epilogue, cfg, dram),
+            c = _compiled[spec_json] = _Compiled(spec, compile_conv(spec.workload, spec.knobs, spec.epilogue, cfg,
+                                                                    dram),
                                                  dram, Simulator(cfg, spec.cycle_model),
                                                  Simulator(cfg, spec.cycle_model, functional=False))
-    return spec, c
+    return c
 
 
 def conv2d(*args: Any) -> None:
     """The packed function: tensors, the spec (a string), then the output tensor."""
     *tensors, spec_json, out = args
-    spec, c = _get(str(spec_json))
-    names = spec.inputs()
+    c = _get(str(spec_json))
+    names = c.spec.inputs()
     if len(tensors) != len(names):
-        raise ValueError(f"{CONV2D}: {len(tensors)} tensors for {names} ({spec.workload})")
+        raise ValueError(f"{CONV2D}: {len(tensors)} tensors for {names} ({c.spec.workload})")
     start = time.perf_counter()
     if _functional:
         result, stats = run_conv(c.program, c.dram, c.sim, {n: t.numpy() for n, t in zip(names, tensors)})
