@@ -791,6 +791,7 @@ def main() -> None:
         res: dict[str, Any] = json.loads(previous.read_text())
         res["meta"].setdefault("resumed_at", []).append(meta["commit"])
         res["meta"]["trials_per_task"] = args.trials  # a resumed curve's budgets
+        in_turn_points(res)  # before this run's budgets add theirs: a run from before 8725573 has none
         t_start -= res["meta"].get("seconds", 0)
     else:
         if not args.resume:  # a resumed run into a new --out keeps the store's records
