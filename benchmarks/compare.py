@@ -960,7 +960,6 @@ def write(res: dict[str, Any], seconds: float, out: Path = OUT) -> str:
     """compare.json and compare.md from what has been measured so far; returns the markdown."""
     meta, peak, rows, overhead, where = (res[k] for k in ("meta", "peak", "rows", "overhead", "where_the_time_goes"))
     meta["seconds"] = round(seconds)
-    in_turn_points(res)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(res, indent=1))
     int8_src = ", ".join(f"{k} {v:.0f}" for k, v in peak["int8_sources"].items() if v)

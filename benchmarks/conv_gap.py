@@ -91,29 +91,61 @@ def tuned_tasks(run: Path, store: Path, what: str) -> list[dict[str, Any]]:
     return [{**t, **found[t["task"]]} for t in tasks if t["task"] in found]
 
 
-def our_kernel(task: dict[str, Any]) -> Callable[[], Any]:
-    """The task's best tuned schedule, built for the record's target as the tuner measured it
-    (weights taken in the tuned layout, as the network's build pre-packs them): a function
-    that runs it once."""
+class Kernel:
+    """One schedule of a conv task built for `target`, with its arguments (weights in the tuned
+    layout, as the network's build pre-packs them): call it to run it once."""
+
+    def __init__(self, sch, target) -> None:
+        import tvm
+        from tvm.s_tir import meta_schedule as ms
+
+        from vta_pipeline.ms_build import fast_build
+
+        self.lib = fast_build(sch.mod, target, None)
+        self.name = sch.mod.get_global_vars()[0].name_hint
+        rewritten = tvm.s_tir.transform.RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(sch.mod)
+        rng = np.random.default_rng(0)
+        self.args = [tvm.runtime.tensor(rng.random([int(d) for d in a.shape]).astype(str(a.dtype)), tvm.cpu())
+                     for a in ms.arg_info.ArgInfo.from_prim_func(rewritten[self.name])]
+        self.fn = self.lib[self.name]
+
+    def __call__(self) -> Any:
+        return self.fn(*self.args)
+
+    def hot_ms(self) -> float:
+        """As the tuner times a candidate: back to back, best of 3 x 10 runs."""
+        import tvm
+
+        return self.lib.time_evaluator(self.name, tvm.cpu(), number=10, repeat=3)(*self.args).min * 1e3
+
+    def cold_ms(self) -> float:
+        """Each run with its weights and output flushed from every cache level first (the
+        input stays: in a network the layer before just wrote it); median of 40."""
+        import tvm
+
+        return self.lib.time_evaluator(self.name, tvm.cpu(), number=1, repeat=40,
+                                       f_preproc="cache_flush_cpu_non_first_arg")(*self.args).median * 1e3
+
+
+def kept_record(task: dict[str, Any]):
+    """The task's workload, its tuning database, and the best record the search kept there
+    applied to the workload (a Schedule): what the tuner measured and the build used."""
     import tvm
     from tvm.s_tir import Schedule
     from tvm.s_tir import meta_schedule as ms
-
-    from vta_pipeline.ms_build import fast_build
 
     workload = tvm.ir.load_json(Path(task["tir"]).read_text())
     db = ms.database.JSONDatabase(work_dir=task["work_dir"])
     (best,) = db.get_top_k(db.commit_workload(workload), 1)
     sch = Schedule(workload)
     best.trace.apply_to_schedule(sch, remove_postproc=False)
-    lib = fast_build(sch.mod, best.target, None)
-    name = sch.mod.get_global_vars()[0].name_hint
-    dev = tvm.cpu()
-    args = [tvm.runtime.tensor(np.random.default_rng(0).random([int(d) for d in a.shape]).astype(str(a.dtype)), dev)
-            for a in ms.arg_info.ArgInfo.from_prim_func(tvm.s_tir.transform.RemoveWeightLayoutRewriteBlock(
-                skip_tensor_rewrite=True)(sch.mod)[name])]
-    fn = lib[name]
-    return lambda: fn(*args)
+    return workload, db, best, sch
+
+
+def our_kernel(task: dict[str, Any]) -> Kernel:
+    """The task's best tuned schedule, built for the record's target as the tuner measured it."""
+    _, _, best, sch = kept_record(task)
+    return Kernel(sch, best.target)
 
 
 def newest_build(store: Path) -> Path:

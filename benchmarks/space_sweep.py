@@ -30,45 +30,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from conv_gap import SPIN, alternating, conv_model, ort_session, task_conv_key, tuned_tasks
+from conv_gap import SPIN, Kernel, alternating, conv_model, kept_record, ort_session, task_conv_key, tuned_tasks
 
 from vta_pipeline import machine
-
-
-class Kernel:
-    """One schedule of the task built for the record's target, with its arguments (weights in
-    the tuned layout, as the network's build pre-packs them): call it to run it once."""
-
-    def __init__(self, sch, target) -> None:
-        import tvm
-        from tvm.s_tir import meta_schedule as ms
-
-        from vta_pipeline.ms_build import fast_build
-
-        self.lib = fast_build(sch.mod, target, None)
-        self.name = sch.mod.get_global_vars()[0].name_hint
-        rewritten = tvm.s_tir.transform.RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(sch.mod)
-        rng = np.random.default_rng(0)
-        self.args = [tvm.runtime.tensor(rng.random([int(d) for d in a.shape]).astype(str(a.dtype)), tvm.cpu())
-                     for a in ms.arg_info.ArgInfo.from_prim_func(rewritten[self.name])]
-        self.fn = self.lib[self.name]
-
-    def __call__(self) -> Any:
-        return self.fn(*self.args)
-
-    def hot_ms(self) -> float:
-        """As the tuner times a candidate: back to back, best of 3 x 10 runs."""
-        import tvm
-
-        return self.lib.time_evaluator(self.name, tvm.cpu(), number=10, repeat=3)(*self.args).min * 1e3
-
-    def cold_ms(self) -> float:
-        """Each run with its weights and output flushed from every cache level first (the
-        input stays: in a network the layer before just wrote it); median of 40."""
-        import tvm
-
-        return self.lib.time_evaluator(self.name, tvm.cpu(), number=1, repeat=40,
-                                       f_preproc="cache_flush_cpu_non_first_arg")(*self.args).median * 1e3
 
 
 def decision_choices(inst, decision) -> list[Any]:
@@ -119,20 +83,13 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.update(SPIN, TVM_NUM_THREADS=str(args.threads))
 
-    import tvm
-    from tvm.s_tir import Schedule
-    from tvm.s_tir import meta_schedule as ms
-
-    found = [t for t in tuned_tasks(args.run, args.store, args.what) if task_conv_key(t) == args.conv]
+    tasks = tuned_tasks(args.run, args.store, args.what)
+    found = [t for t in tasks if task_conv_key(t) == args.conv]
     if not found:
-        keys = sorted({task_conv_key(t) for t in tuned_tasks(args.run, args.store, args.what)})
+        keys = sorted({task_conv_key(t) for t in tasks})
         raise SystemExit(f"no tuned conv task {args.conv!r} of {args.what!r} in {args.run}; its convs: {keys}")
     task = found[0]
-    workload = tvm.ir.load_json(Path(task["tir"]).read_text())
-    db = ms.database.JSONDatabase(work_dir=task["work_dir"])
-    (best,) = db.get_top_k(db.commit_workload(workload), 1)
-    kept = Schedule(workload)
-    best.trace.apply_to_schedule(kept, remove_postproc=False)
+    workload, db, best, kept = kept_record(task)
     searched = Kernel(kept, best.target)
     trials = len(db.get_all_tuning_records())
 
@@ -149,11 +106,11 @@ def main() -> None:
 
     model, x, flops = conv_model(*task["workload"])
     sess = ort_session(model, args.threads)
-    fns: dict[str, Callable[[], Any]] = {"ONNX Runtime one-conv": lambda: sess.run(None, {"x": x}),
+    ort = "ONNX Runtime one-conv"
+    fns: dict[str, Callable[[], Any]] = {ort: lambda: sess.run(None, {"x": x}),
                                          f"search's kept record (best of {trials} records)": searched}
     fns.update({f"sweep #{i + 1}: {s['schedule']}": s["kernel"] for i, s in enumerate(built[: args.top])})
     rounds = [alternating(fns, args.runs) for _ in range(args.rounds)]
-    ort = "ONNX Runtime one-conv"
     rows = []
     for name, fn in fns.items():
         row = {"name": name, "in_turn_ms": float(np.median([r[name] for r in rounds])),
