@@ -127,23 +127,28 @@ def test_top_candidates_retimed_quietly_agree_with_their_tuning_latency(session_
 @pytest.mark.slow
 def test_the_flows_evaluation_agrees_with_a_quiet_retime(micronet, host_target, tmp_path):
     from vta_pipeline import importers
-    from vta_pipeline.store import ArtifactStore
+    from vta_pipeline.store import ArtifactStore, CachePolicy
 
     fetched, extracted = micronet
     # As above: the evaluation and the retime are seconds apart on a host whose speed moves
-    # 1.4x within minutes, so a pair out of the band is measured once more, from a fresh
-    # store (a real bias, which the band is for, fails both times).
-    for attempt in range(2):
-        store = ArtifactStore(tmp_path / f"store{attempt}")  # the session store's evaluations are other tests'
-        lib = steps.build_step(store, extracted, None, host_target)
-        with LocalBoard(key="evalq", registry=tmp_path / f"registry{attempt}", log_dir=tmp_path / "logs") as b:
-            ev = steps.evaluate_step(store, lib, fetched, host_target, (b.host, b.port), b.key, EvalConfig())
+    # 1.4x within minutes, so a pair out of the band is measured again, up to three times, on
+    # the same build and board (a real bias, which the band is for, fails every time). A CI
+    # run of 2c36997 saw two fresh boards' pairs out of the band in a row: (0.83, 0.51) ms.
+    store = ArtifactStore(tmp_path / "store")  # the session store's evaluations are other tests'
+    lib = steps.build_step(store, extracted, None, host_target)
+    again = ArtifactStore(store.root, policy=CachePolicy.REDO)  # the same build, evaluated anew
+    pairs = []
+    with LocalBoard(key="evalq", registry=tmp_path / "registry", log_dir=tmp_path / "logs") as b:
+        for _ in range(3):
+            ev = steps.evaluate_step(again, lib, fetched, host_target, (b.host, b.port), b.key, EvalConfig())
             quiet = evaluate_on_board(lib.file("model.so"), importers.load_reference(fetched.path), "llvm",
-                                      (b.host, b.port), b.key, number=1, repeat=30, rtol=1e-3, atol=1e-3,
+                                      (b.host, b.port), b.key, number=1, repeat=10, rtol=1e-3, atol=1e-3,
                                       min_repeat_ms=1000)
-        # the fastest repeats, as above: a CI run of 481b682 saw the flow's mean 0.51 ms
-        # against a retime whose median was 0.68 and whose fastest repeat was 0.52
-        if 0.9 <= ev.meta["min_ms"] / quiet.min_ms <= 1.1:
-            break
+            pairs.append((ev.meta["min_ms"], quiet.min_ms))
+            # the fastest repeats, as above: a CI run of 481b682 saw the flow's mean 0.51 ms
+            # against a retime whose median was 0.68 and whose fastest repeat was 0.52
+            if 0.9 <= ev.meta["min_ms"] / quiet.min_ms <= 1.1:
+                break
+    print("flow, quiet (ms) per attempt:", pairs)
     assert ev.meta["threads"] == os.cpu_count() and ev.meta["number"] > 1
-    assert 0.9 <= ev.meta["min_ms"] / quiet.min_ms <= 1.1, (ev.meta["min_ms"], quiet.min_ms)
+    assert 0.9 <= ev.meta["min_ms"] / quiet.min_ms <= 1.1, pairs  # (flow, quiet) ms per attempt
