@@ -98,3 +98,56 @@ def test_pick_best_keeps_the_default_lowering_when_tuning_did_not_beat_it(
         meta = pick_best([task_dir], out)
         assert meta["records"] == records and len(open_db(out).get_all_tuning_records()) == records
         assert json.loads((out / "best.json").read_text())[0]["uses"] == uses
+
+
+def test_the_best_records_are_retimed_in_turn_and_pick_best_builds_with_the_fastest(
+        micronet, board, host_target, session_store, tmp_path):
+    """One measurement per candidate while tuning, minutes apart, ranks them by their minute
+    too: after the search the task's best records are measured again in turn, and the
+    network is built with the fastest of that."""
+    import shutil
+
+    from vta_pipeline import retime
+    from vta_pipeline.records import open_db, pick_best
+
+    _, extracted = micronet
+    task = _conv(extracted, 1)
+    cfg = TuneConfig(trials_per_task=4, trials_per_batch=4, retime_top=3, retime_rounds=2)
+    a = steps.tune_step(session_store, extracted, task, host_target, _spec(board), cfg, MEASURE)
+    retimed = json.loads(a.file(retime.RETIMED).read_text())
+    cands = retimed["candidates"]
+    assert [c["rank"] for c in cands] == [0, 1, 2] and all(len(c["retimed_ms"]) == 2 for c in cands)
+    fastest = min(range(3), key=lambda i: min(cands[i]["retimed_ms"]))
+    assert retimed["winner"] == fastest and retimed["winner_ms"] == min(cands[fastest]["retimed_ms"])
+    summary = json.loads(a.file("summary.json").read_text())
+    assert summary["retimed"]["winner_rank"] == fastest + 1
+
+    # pick best commits the winner, whichever recorded rank it had (the task's default
+    # lowering made slower, so that a tuned record is kept at all)
+    from tvm.s_tir import meta_schedule as ms
+
+    task_dir = tmp_path / "task"
+    shutil.copytree(a.path, task_dir)
+    (task_dir / "summary.json").write_text(json.dumps(dict(summary, default_ms=summary["best_latency_ms"] * 2)))
+    db = open_db(task_dir)
+    top = db.get_top_k(db.get_all_tuning_records()[0].workload, 3)
+    out = tmp_path / "best"
+    out.mkdir()
+    pick_best([task_dir], out)
+    (kept,) = open_db(out).get_all_tuning_records()
+    assert str(kept.trace) == str(top[fastest].trace)
+
+    # A re-time of other records than the database holds now (records added since) is not used.
+    stale = tmp_path / "stale"
+    shutil.copytree(a.path, stale)
+    more = open_db(stale)
+    rec = more.get_all_tuning_records()[0]
+    more.commit_tuning_record(ms.database.TuningRecord(rec.trace, rec.workload, [1e-9], rec.target, rec.args_info))
+    assert retime.current(stale) is None and retime.winner_record(stale, open_db(stale)) is None
+
+    # A finished task with the same records is not re-timed again.
+    work = steps.tune_work_dir(session_store, task, host_target, board.key, cfg.session)
+    before = (work / retime.RETIMED).read_text()
+    again = tune_task(extracted.path / task.file, task.name, task.flops, task.workload_hash,
+                      host_target.target_json, _spec(board), cfg, MEASURE, work)
+    assert again.trials_this_run == 0 and (work / retime.RETIMED).read_text() == before

@@ -77,6 +77,12 @@ class TuneConfig(_Strict):
         description="Which extracted tasks to tune: auto = the packed conv2d tasks when the graph is "
         "packed (the VTA recipe's filter), else all.",
     )
+    retime_top: int = Field(
+        8, ge=0,
+        description="After the search, measure the task's this many best records again on the board, in turn, "
+        "and build with the fastest of that (vta_pipeline.retime: one measurement per candidate while tuning "
+        "ranks them by the minute they were measured in too); 0 or 1 = build with the recorded best.")
+    retime_rounds: int = Field(3, gt=0, description="Rounds of the re-time; a candidate's time is its fastest round.")
     builder_timeout_s: float = Field(120.0, gt=0, description="Per-candidate build timeout.")
     seed: int = Field(0, description="Search seed.")
     session: str | None = Field(

@@ -6,7 +6,8 @@ ever built from tasks of one target (the step key includes it).
 
 A task whose best tuned schedule is not faster than its default lowering (measured on the
 same board while tuning) contributes no record: the build then keeps the default for it,
-so tuning never makes a network slower than the untuned build.
+so tuning never makes a network slower than the untuned build. A task whose best records
+were re-timed in turn after its search (`retime`) contributes the fastest of that re-time.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from . import retime
+
 STEP = "pick_best"
-VERSION = 2
+VERSION = 3  # 3: a task's re-timed winner (retime.py) in place of its recorded best
 
 
 def open_db(path: Path):
@@ -26,7 +29,8 @@ def open_db(path: Path):
 
 
 def pick_best(tune_dirs: list[Path], out_dir: Path) -> dict[str, Any]:
-    """Merge the per-task databases in `tune_dirs` into `out_dir`, best record per workload."""
+    """Merge the per-task databases in `tune_dirs` into `out_dir`, best record per workload
+    (the re-timed winner where the task has one)."""
     from tvm.s_tir import meta_schedule as ms
 
     merged = ms.database.JSONDatabase(work_dir=str(out_dir))
@@ -35,7 +39,14 @@ def pick_best(tune_dirs: list[Path], out_dir: Path) -> dict[str, Any]:
         s = json.loads((Path(d) / "summary.json").read_text())
         s["uses"] = "default" if keeps_default(s) else "tuned"
         if s["uses"] == "tuned":
-            open_db(d).dump_pruned(merged)  # keeps the best valid record of each workload
+            db = open_db(d)
+            winner = retime.winner_record(Path(d), db)
+            if winner is None:
+                db.dump_pruned(merged)  # keeps the best valid record of each workload
+            else:  # the fastest of the task's best records re-timed in turn
+                merged.commit_tuning_record(ms.database.TuningRecord(
+                    winner.trace, merged.commit_workload(winner.workload.mod), winner.run_secs, winner.target,
+                    winner.args_info))
         summary.append(s)
     (out_dir / "best.json").write_text(json.dumps(summary, indent=1))
     return {

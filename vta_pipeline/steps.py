@@ -17,7 +17,7 @@ from typing import Any, Callable
 from . import build as build_mod
 from . import evaluate as eval_mod
 from . import extract as extract_mod
-from . import history, records_library
+from . import history, records_library, retime
 from . import importers
 from . import pack as pack_mod
 from . import quantize as quantize_mod
@@ -236,7 +236,10 @@ def tune_step(
             seed_hashes=seed_hashes if tune.warm_start else None,
             cross_compiler=target.cross_compiler, library=library,
         )
-        for name in ("database_workload.json", "database_tuning_record.json", "trials.jsonl"):
+        names = ["database_workload.json", "database_tuning_record.json", "trials.jsonl"]
+        if outcome.retimed:  # pick best builds with its winner
+            names.append(retime.RETIMED)
+        for name in names:
             if (work / name).exists():
                 shutil.copy2(work / name, out / name)
         (out / "summary.json").write_text(json.dumps(outcome.to_dict(), indent=1))

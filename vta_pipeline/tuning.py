@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from . import int8_dot, intrin_registry, packed_conv_space, pools, schedule_rules
+from . import int8_dot, intrin_registry, packed_conv_space, pools, retime, schedule_rules
 from .boards import BoardSpec
 from .config import MeasureConfig, TuneConfig
 from .cost_model import lease as lease_cost_model
@@ -75,6 +75,7 @@ class TuneOutcome:
     reached_previous_best_at: int | None = None  # first trial of the session at or below previous_best_ms
     threads: int | None = None  # threads the board measured with (its own report), CPU targets
     library: dict[str, Any] | None = None  # records-library seeds measured first: their provenance
+    retimed: dict[str, Any] | None = None  # the best records re-timed in turn (retime): winner rank and ms
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -191,7 +192,7 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
     write_state(work_dir, status="finished", task=task_name, budget=tune.trials_per_task, done=len(lats),
                 stopped=stopped)
     return _outcome(work_dir, task_name, workload_hash, flops, stopped, lats, session_best, trials_before,
-                    tune.session, previous_best_ms, threads)
+                    tune.session, previous_best_ms, threads, retimed=tune.retime_top > 1)
 
 
 def _fresh(work_dir: Path) -> bool:
@@ -385,12 +386,16 @@ def _abort(work_dir: Path, task_name: str, board: BoardSpec, tune: TuneConfig, g
 
 def _measure_after_search(work_dir: Path, task_name: str, workload_mod, target, board: BoardSpec,
                           measure: MeasureConfig, tune: TuneConfig, cross_compiler: str | None) -> int | None:
-    """The task's default lowering, once per work dir, and the board's thread count; returns it.
+    """The task's default lowering, once per work dir, its best records re-timed in turn
+    (`retime`, once per set of records), and the board's thread count; returns it.
 
     After the search, not before it: a board that dies or hangs is then already out of the
     tracker's rotation, and the trial log stays exactly what the search measured."""
     if not (work_dir / "default.json").exists() and _boards_left(board):
         _default_latency(work_dir, task_name, workload_mod, target, board, measure, tune, cross_compiler)
+    if tune.retime_top > 1 and _boards_left(board):
+        retime.retime_top(work_dir, task_name, workload_mod, target, board, measure, tune.retime_top,
+                          tune.retime_rounds, tune.builder_timeout_s, cross_compiler)
     threads = board.threads or last_threads(work_dir)
     if threads is None and target.kind.name == "llvm" and _boards_left(board):
         from .boards import board_threads  # not given: asked after the search, as the default latency is
@@ -401,7 +406,7 @@ def _measure_after_search(work_dir: Path, task_name: str, workload_mod, target, 
 
 def _outcome(work_dir: Path, task_name: str, workload_hash: str, flops: float, stopped: str, lats: list[float],
              session_best: float, trials_before: int, session: str | None, previous_best_ms: float | None,
-             threads: int | None) -> TuneOutcome:
+             threads: int | None, retimed: bool) -> TuneOutcome:
     """What the task reports: its trial log's latencies (`trial_log.history`) and its warm-start note."""
     curve, b, reached = [], FAILED, None
     for i, v in enumerate(lats, 1):
@@ -435,7 +440,17 @@ def _outcome(work_dir: Path, task_name: str, workload_hash: str, flops: float, s
         reached_previous_best_at=reached,
         threads=threads,
         library=warm.get("library"),
+        retimed=_retime_summary(work_dir) if retimed else None,
     )
+
+
+def _retime_summary(work_dir: Path) -> dict[str, Any] | None:
+    """What the outcome says of the re-time: which recorded rank won, at what time in turn."""
+    r = retime.current(work_dir)
+    if r is None:
+        return None
+    return {"candidates": len(r["candidates"]), "winner_rank": r["winner"] + 1, "winner_ms": r["winner_ms"],
+            "recorded_best_ms": r["recorded_best_ms"]}
 
 
 # ---- the default lowering, measured on the board ------------------------------------------------
