@@ -112,7 +112,7 @@ def test_the_best_records_are_retimed_in_turn_and_pick_best_builds_with_the_fast
 
     _, extracted = micronet
     task = _conv(extracted, 1)
-    cfg = TuneConfig(trials_per_task=4, trials_per_batch=4, retime_top=3, retime_rounds=2)
+    cfg = TuneConfig(trials_per_task=4, trials_per_batch=4, retime_top=3, retime_rounds=2, retime_within=100)
     a = steps.tune_step(session_store, extracted, task, host_target, _spec(board), cfg, MEASURE)
     retimed = json.loads(a.file(retime.RETIMED).read_text())
     cands = retimed["candidates"]
@@ -151,3 +151,12 @@ def test_the_best_records_are_retimed_in_turn_and_pick_best_builds_with_the_fast
     again = tune_task(extracted.path / task.file, task.name, task.flops, task.workload_hash,
                       host_target.target_json, _spec(board), cfg, MEASURE, work)
     assert again.trials_this_run == 0 and (work / retime.RETIMED).read_text() == before
+
+    # Records recorded further than `within` x the best are not re-timed: with none but the
+    # best that close, there is nothing to choose between (and the last re-time stays).
+    import tvm
+
+    assert retime.retime_top(work, task.name, tvm.ir.load_json((extracted.path / task.file).read_text()),
+                             tvm.target.Target(host_target.target_json), _spec(board), MEASURE, 3, 2, 1.0 + 1e-9,
+                             120.0) is None
+    assert (work / retime.RETIMED).read_text() == before

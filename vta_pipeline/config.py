@@ -83,6 +83,10 @@ class TuneConfig(_Strict):
         "and build with the fastest of that (vta_pipeline.retime: one measurement per candidate while tuning "
         "ranks them by the minute they were measured in too); 0 or 1 = build with the recorded best.")
     retime_rounds: int = Field(3, gt=0, description="Rounds of the re-time; a candidate's time is its fastest round.")
+    retime_within: float = Field(
+        1.5, gt=1,
+        description="Re-time only the best records recorded within this factor of the best: the host's drift "
+        "moves a measurement by up to 1.4x, so a record slower than that is slower, not unlucky.")
     builder_timeout_s: float = Field(120.0, gt=0, description="Per-candidate build timeout.")
     seed: int = Field(0, description="Search seed.")
     session: str | None = Field(

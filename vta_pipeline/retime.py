@@ -9,7 +9,8 @@ fastest was not the recorded best, by up to 22% (a 7x7 512->512 conv with its re
 recorded best 1.00 ms, re-timed winner 0.80 ms; `benchmarks/space_sweep.py` had found the
 same schedule the fastest of its whole design space).
 
-So after the search the task's `top` best records are built and measured again on the board
+So after the search the task's `top` best records (those recorded within `within` x the best:
+a record further off is slower, not unlucky) are built and measured again on the board
 through the tuning runner (its deadlines and fault handling), all of them in one batch per
 round, `rounds` rounds: a candidate's time is the fastest of its rounds, and the drift of the
 host between rounds moves every candidate alike. The winner is kept in the work dir
@@ -54,11 +55,12 @@ def current(db_dir: Path) -> dict[str, Any] | None:
 
 
 def retime_top(work_dir: Path, task_name: str, workload_mod, target, board: BoardSpec, measure: MeasureConfig,
-               top: int, rounds: int, builder_timeout_s: float, cross_compiler: str | None = None
+               top: int, rounds: int, within: float, builder_timeout_s: float, cross_compiler: str | None = None
                ) -> dict[str, Any] | None:
-    """Measure the task's `top` best records again in turn (see the module doc); returns what
-    `retimed.json` holds, or None when there is nothing to choose between (fewer than two
-    records) or no candidate could be measured (then the recorded best stands)."""
+    """Measure the task's `top` best records recorded within `within` x the best again in turn
+    (see the module doc); returns what `retimed.json` holds, or None when there is nothing to
+    choose between (fewer than two such records) or no candidate could be measured (then the
+    recorded best stands)."""
     from tvm.s_tir import Schedule
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule import _ffi_api
@@ -66,9 +68,10 @@ def retime_top(work_dir: Path, task_name: str, workload_mod, target, board: Boar
 
     db = ms.database.JSONDatabase(work_dir=str(work_dir))
     records = db.get_top_k(db.commit_workload(workload_mod), top)
+    records = [r for r in records if mean_secs(r.run_secs) <= within * mean_secs(records[0].run_secs)] if records else []
     n_records = record_count(work_dir)
     done = current(work_dir)
-    if done and (done["top"], done["rounds"]) == (top, rounds):
+    if done and (done["top"], done["rounds"], done.get("within")) == (top, rounds, within):
         return done
     if len(records) < 2:
         return None
@@ -107,7 +110,7 @@ def retime_top(work_dir: Path, task_name: str, workload_mod, target, board: Boar
         return None
     winner = min(measured, key=measured.get)
     out = {
-        "task": task_name, "top": top, "rounds": rounds, "records": n_records, "winner": winner,
+        "task": task_name, "top": top, "rounds": rounds, "within": within, "records": n_records, "winner": winner,
         "candidates": [{"rank": i, "recorded_ms": mean_secs(rec.run_secs) * 1e3,
                         "retimed_ms": [t * 1e3 for t in times.get(i, [])]} for i, rec in enumerate(records)],
         "record": plain_json(_ffi_api.TuningRecordAsJSON(records[winner])),
