@@ -12,8 +12,9 @@ same schedule the fastest of its whole design space).
 So after the search the task's `top` best records (those recorded within `within` x the best:
 a record further off is slower, not unlucky) are built and measured again on the board
 through the tuning runner (its deadlines and fault handling), all of them in one batch per
-round, `rounds` rounds: a candidate's time is the fastest of its rounds, and the drift of the
-host between rounds moves every candidate alike. The winner is kept in the work dir
+round, `rounds` rounds: a candidate's time is the fastest repeat of its rounds (a burst on the
+host slows some repeats, a slower schedule every one), and the drift of the host between rounds
+moves every candidate alike. The winner is kept in the work dir
 (`retimed.json`), which `records.pick_best` commits in place of the recorded best. A task
 retimes again only when its records changed (a bigger budget) or the settings did; a kill
 during the retime leaves nothing behind, and the next run does it again.
@@ -97,8 +98,8 @@ def retime_top(work_dir: Path, task_name: str, workload_mod, target, board: Boar
             for _ in range(rounds):
                 for i, fut in zip(kept, runner.run(inputs)):
                     res = fut.result()
-                    if res.error_msg is None:
-                        times[i].append(mean_secs(res.run_secs))
+                    if res.error_msg is None:  # its fastest repeat: a burst on the host slows some repeats
+                        times[i].append(min(float(getattr(s, "value", s)) for s in res.run_secs))
     finally:
         for b in built:  # the builder's temporary directories, as tuning's own callback removes them
             if b.artifact_path:
