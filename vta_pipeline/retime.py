@@ -32,7 +32,7 @@ from .boards import BoardSpec
 from .config import MeasureConfig
 from .store import atomic_write_text
 from .task_database import plain_json
-from .trial_log import mean_secs
+from .trial_log import fastest_secs, mean_secs
 
 log = logging.getLogger("vta_pipeline")
 
@@ -67,13 +67,15 @@ def retime_top(work_dir: Path, task_name: str, workload_mod, target, board: Boar
     from tvm.s_tir.meta_schedule import _ffi_api
     from tvm.s_tir.meta_schedule.utils import remove_build_dir
 
-    db = ms.database.JSONDatabase(work_dir=str(work_dir))
-    records = db.get_top_k(db.commit_workload(workload_mod), top)
-    records = [r for r in records if mean_secs(r.run_secs) <= within * mean_secs(records[0].run_secs)] if records else []
     n_records = record_count(work_dir)
     done = current(work_dir)
     if done and (done["top"], done["rounds"], done.get("within")) == (top, rounds, within):
-        return done
+        return done  # before the database is read: a resumed task re-times nothing
+    db = ms.database.JSONDatabase(work_dir=str(work_dir))
+    records = db.get_top_k(db.commit_workload(workload_mod), top)
+    if records:
+        best = mean_secs(records[0].run_secs)
+        records = [r for r in records if mean_secs(r.run_secs) <= within * best]
     if len(records) < 2:
         return None
     inputs, kept = [], []
@@ -98,8 +100,8 @@ def retime_top(work_dir: Path, task_name: str, workload_mod, target, board: Boar
             for _ in range(rounds):
                 for i, fut in zip(kept, runner.run(inputs)):
                     res = fut.result()
-                    if res.error_msg is None:  # its fastest repeat: a burst on the host slows some repeats
-                        times[i].append(min(float(getattr(s, "value", s)) for s in res.run_secs))
+                    if res.error_msg is None:
+                        times[i].append(fastest_secs(res.run_secs))
     finally:
         for b in built:  # the builder's temporary directories, as tuning's own callback removes them
             if b.artifact_path:

@@ -60,10 +60,20 @@ def read_state(work_dir: Path) -> dict[str, Any]:
     return json.loads(p.read_text()) if p.exists() else {}
 
 
+def _secs(run_secs) -> list[float]:
+    return [float(getattr(s, "value", s)) for s in (run_secs or [])]  # TVM FloatImms or floats
+
+
 def mean_secs(run_secs) -> float:
     """The mean of a measurement's repeats (TVM FloatImms or floats), FAILED when there are none."""
-    vals = [float(getattr(s, "value", s)) for s in (run_secs or [])]
+    vals = _secs(run_secs)
     return sum(vals) / len(vals) if vals else FAILED
+
+
+def fastest_secs(run_secs) -> float:
+    """The fastest of a measurement's repeats, FAILED when there are none: a burst on the host
+    slows some repeats, a slower schedule every one."""
+    return min(_secs(run_secs), default=FAILED)
 
 
 def history(work_dir: Path) -> tuple[list[float], float, int]:
