@@ -3,11 +3,13 @@
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
 
-from vta_pipeline import guard, history, steps
-from vta_pipeline.config import MeasureConfig, TuneConfig
+from vta_pipeline import guard, history, steps, variant
+from vta_pipeline.config import MeasureConfig, PipelineConfig, TuneConfig
 from vta_pipeline.extract import load_tasks
 from vta_pipeline.boards import BoardSpec
 from vta_pipeline.trial_log import read_trials
@@ -15,13 +17,13 @@ from vta_pipeline.trial_log import read_trials
 MEASURE = MeasureConfig(number=2, repeat=1, timeout_s=60)
 
 
-def _run(run_id, night, store, tune_art, tuned_ms=1.0, untuned_ms=4.0, build_id="b", correct=True):
+def _run(run_id, night, store, tune_art, tuned_ms=1.0, untuned_ms=4.0, build_id="b", correct=True, config=None):
     """A finished run's result around one real tune artifact (what the flow assembles)."""
     summary = json.loads((tune_art.path / "summary.json").read_text())
     ev = {"mean_ms": tuned_ms, "median_ms": tuned_ms, "std_ms": 0.01, "correct": correct, "max_abs_err": 0.0}
     return {
         "run_id": run_id, "night": night, "model": "micronet", "target": "host", "target_id": "t",
-        "board_key": "test", "seconds": 10.0, "finished": 1.7e9, "tasks": [summary],
+        "board_key": "test", "seconds": 10.0, "finished": 1.7e9, "tasks": [summary], "config": config or {},
         "untuned": dict(ev, mean_ms=untuned_ms, evaluation_id=f"{run_id}-u", build_id=f"{build_id}-untuned"),
         "tuned": dict(ev, evaluation_id=f"{run_id}-t", build_id=build_id),
     }
@@ -102,7 +104,8 @@ def test_history_answers_best_per_night_trend_and_best_per_workload(tmp_path, tw
     nights = history.best_per_night(root, "micronet")
     assert [(r["night"], r["best_ms"], r["runs"]) for r in nights] == [("2026-11-19", 2.0, 1), ("2026-11-20", 1.2, 2)]
     trend = history.trend(root, "micronet")
-    assert [(r["night"], r["tuned_ms"]) for r in trend] == [("2026-11-19", 2.0), ("2026-11-20", 1.2), ("2026-11-21", None)]
+    assert [(r["night"], r["tuned_ms"]) for r in trend] == [
+        ("2026-11-19", 2.0), ("2026-11-20", 1.2), ("2026-11-21", None)]
     assert trend[1]["speedup"] == pytest.approx(8.0 / 1.2)
     (best,) = history.best_per_workload(root)
     all_ms = [r["latency_ms"] for a in (n1, n2) for r in read_trials(a.path)]
@@ -118,3 +121,62 @@ def test_the_guard_keeps_the_best_nights_build_when_tonight_regresses(tmp_path, 
     bad = guard.check(root, _run("c", "2026-11-21", session_store, n1, tuned_ms=1.5), 10.0)
     assert bad.regressed and bad.best_build_id == "good" and "REGRESSION" in bad.message and "50.0%" in bad.message
     assert not guard.check(tmp_path / "empty", _run("x", "2026-11-21", session_store, n1), 10.0).regressed
+
+
+INT8_X86 = PipelineConfig(quantize={"enabled": True}, pack={"enabled": True, "layout": "x86", "cfactor": 16})
+
+
+def test_a_variant_is_what_changes_the_built_network_not_how_long_it_was_tuned():
+    fp32 = PipelineConfig().model_dump(mode="json")
+    int8 = INT8_X86.model_dump(mode="json")
+    assert variant.of(fp32).startswith("fp32.") and variant.of(int8).startswith("int8-x86-c16.")
+    longer = PipelineConfig(tune={"trials_per_task": 512}, quantize={"enabled": True, "calibrate_mode": "max"},
+                            pack={"enabled": True, "layout": "x86", "cfactor": 16})
+    assert variant.of(longer.model_dump(mode="json")) == variant.of(int8)  # budget, calibration: same variant
+    for other in (PipelineConfig(quantize={"enabled": True, "skip_conv_layers": ()},
+                                 pack={"enabled": True, "layout": "x86", "cfactor": 16}),
+                  PipelineConfig(quantize={"enabled": True}, pack={"enabled": True, "layout": "x86", "cfactor": 8}),
+                  PipelineConfig(model={"input_shape": (1, 3, 112, 112)})):
+        assert variant.of(other.model_dump(mode="json")) not in (variant.of(fp32), variant.of(int8))
+
+
+def test_the_guard_compares_a_night_only_with_earlier_nights_of_its_variant(tmp_path, session_store, two_sessions):
+    _, n1, _, _ = two_sessions
+    root = tmp_path / "store"
+    int8 = INT8_X86.model_dump(mode="json")
+    history.record_run(root, _run("i8", "2026-11-19", session_store, n1, tuned_ms=1.0, config=int8), [])
+    # the first fp32 night is a first run, not "200% slower" than the int8 build
+    fp32 = guard.check(root, _run("f1", "2026-11-20", session_store, n1, tuned_ms=3.0), 10.0)
+    assert not fp32.regressed and fp32.best_ms is None and "first recorded run" in fp32.message
+    history.record_run(root, _run("f1", "2026-11-20", session_store, n1, tuned_ms=3.0), [])
+    slower = guard.check(root, _run("f2", "2026-11-21", session_store, n1, tuned_ms=3.6), 10.0)
+    assert slower.regressed and slower.best_ms == 3.0 and slower.best_night == "2026-11-20"
+    int8_night = _run("i2", "2026-11-21", session_store, n1, tuned_ms=1.05, config=int8)
+    assert not guard.check(root, int8_night, 10.0).regressed
+    nights = history.best_per_night(root, "micronet")
+    assert [(r["variant"].split(".")[0], r["best_ms"]) for r in nights] == [("fp32", 3.0), ("int8-x86-c16", 1.0)]
+    assert {r["variant"] for r in history.trend(root, "micronet")} == {variant.of(int8), variant.of({})}
+    paths = {guard.current_path(root, "micronet", "host", "test", variant.of(c)) for c in ({}, int8)}
+    assert len(paths) == 2
+
+
+def test_evaluations_recorded_before_the_variant_get_it_from_their_runs_result(tmp_path, session_store, two_sessions):
+    """A store from before the variant column: its rows are still compared by variant."""
+    _, n1, _, _ = two_sessions
+    root = tmp_path / "store"
+    int8 = INT8_X86.model_dump(mode="json")
+    legacy = _run("old-int8", "2026-11-19", session_store, n1, tuned_ms=1.0, config=int8)
+    rows = [{k: v for k, v in r.items() if k != "variant"} for r in history.evaluation_rows(legacy)]
+    old_schema = pa.schema([f for f in history.EVALUATION_SCHEMA if f.name != "variant"])
+    part = history.history_dir(root) / history.EVALUATIONS / "night=2026-11-19"
+    part.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=old_schema).drop_columns(["night"]), part / "part-old.parquet")
+    (root / "runs").mkdir()
+    (root / "runs" / "old-int8.json").write_text(json.dumps(legacy))
+    assert {r["variant"] for r in history.evaluations(root)} == {variant.of(int8)}
+    assert guard.check(root, _run("f", "2026-11-20", session_store, n1, tuned_ms=3.0), 10.0).best_ms is None
+    assert guard.check(root, _run("i", "2026-11-20", session_store, n1, tuned_ms=2.0, config=int8), 10.0).regressed
+    (root / "runs" / "old-int8.json").unlink()  # its result gone: the row has no variant, and is compared with none
+    assert [r["variant"] for r in history.evaluations(root)] == [None, None]
+    int8_night = _run("i", "2026-11-20", session_store, n1, tuned_ms=2.0, config=int8)
+    assert guard.check(root, int8_night, 10.0).best_ms is None

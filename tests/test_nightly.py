@@ -79,7 +79,7 @@ def test_a_regressed_night_says_so_and_keeps_the_best_nights_build(night_a, boar
     assert state.is_completed() and state.name == "Regressed"
     assert "REGRESSION" in state.message and "2026-11-19" in state.message
     result = state.result()
-    cur = guard.read_current(store.root, "micronet", "host", board.key)
+    cur = guard.read_current(store.root, "micronet", "host", board.key, result["variant"])
     assert cur["build_id"] == first["tuned"]["build_id"] and cur["night"] == "2026-11-19"
     assert Path(cur["lib"]).read_bytes() == (Path(cur["artifact"]) / "model.so").read_bytes()
     # tonight started from night A's records and reports against them

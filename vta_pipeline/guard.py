@@ -1,13 +1,15 @@
-"""The regression guard and the current build of each (model, target, board key).
+"""The regression guard and the current build of each (model, variant, target, board key).
 
 A nightly run that came out slower than the model's best night (noise, a changed board, a
 TVM upgrade, an unlucky search) must not replace a good build. After each run:
 
 * `check` compares tonight's tuned latency with the best correct tuned latency of earlier
-  runs in the history;
-* `promote` makes tonight's build the current one (`current/<model>--<target>--<key>.json`
-  plus a copy of its `model.so`) unless it regressed by more than the allowed percentage;
-  then the previous best build stays (or becomes) the current one.
+  runs of the same variant (`variant.py`: fp32 and int8 builds of one model are not
+  compared) in the history;
+* `promote` makes tonight's build the current one
+  (`current/<model>--<target>--<key>--<variant>.json` plus a copy of its `model.so`)
+  unless it regressed by more than the allowed percentage; then the previous best build
+  stays (or becomes) the current one.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from . import history
+from . import history, variant
 from .store import ArtifactStore, atomic_write_text
 
 
@@ -29,7 +31,7 @@ from .store import ArtifactStore, atomic_write_text
 class Verdict:
     regressed: bool
     tonight_ms: float
-    best_ms: float | None  # best earlier night (None: first run of this model/target/key)
+    best_ms: float | None  # best earlier night (None: first run of this model/variant/target/key)
     best_night: str | None
     best_build_id: str | None
     worse_pct: float | None  # how much slower tonight is than the best night
@@ -51,11 +53,13 @@ class Verdict:
 
 
 def check(store_root: Path, result: dict[str, Any], max_regression_pct: float) -> Verdict:
-    """Tonight's tuned latency vs the best correct tuned latency of every earlier run."""
+    """Tonight's tuned latency vs the best correct tuned latency of every earlier run of its
+    variant (earlier rows whose variant is unknown, their run's result gone, are left out)."""
     f = ((pc.field("model") == result["model"]) & (pc.field("target") == result["target"])
          & (pc.field("board_key") == result["board_key"]) & (pc.field("build") == "tuned")
          & (pc.field("correct") == True) & (pc.field("run_id") != result["run_id"]))  # noqa: E712
-    rows = history.read(store_root, history.EVALUATIONS, filter=f).to_pylist()
+    mine = variant.of_result(result)
+    rows = [r for r in history.evaluations(store_root, f) if r["variant"] == mine]
     tonight = result["tuned"]["mean_ms"]
     if not rows:
         return Verdict(False, tonight, None, None, None, None, max_regression_pct)
@@ -65,22 +69,25 @@ def check(store_root: Path, result: dict[str, Any], max_regression_pct: float) -
                    max_regression_pct)
 
 
-def slug(model: str, target: str, key: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", f"{model}--{target}--{key}")[:120]
+def slug(model: str, target: str, key: str, variant_: str) -> str:
+    # the variant's hash is its tail, so a long target JSON is cut before it, not it
+    head = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{model}--{target}--{key}")[:100]
+    return f"{head}--{re.sub(r'[^A-Za-z0-9._-]+', '_', variant_)}"
 
 
-def current_path(store_root: Path, model: str, target: str, key: str) -> Path:
-    return Path(store_root) / "current" / f"{slug(model, target, key)}.json"
+def current_path(store_root: Path, model: str, target: str, key: str, variant_: str) -> Path:
+    return Path(store_root) / "current" / f"{slug(model, target, key, variant_)}.json"
 
 
-def read_current(store_root: Path, model: str, target: str, key: str) -> dict[str, Any] | None:
-    p = current_path(store_root, model, target, key)
+def read_current(store_root: Path, model: str, target: str, key: str, variant_: str) -> dict[str, Any] | None:
+    """The current build of a model's variant (`variant.of(config)`, or a result's `variant`)."""
+    p = current_path(store_root, model, target, key, variant_)
     return json.loads(p.read_text()) if p.exists() else None
 
 
 def promote(store: ArtifactStore, result: dict[str, Any], verdict: Verdict) -> dict[str, Any]:
     """Point `current/` at tonight's build, or at the best night's build if tonight regressed."""
-    model, target, key = result["model"], result["target"], result["board_key"]
+    model, target, key, var = result["model"], result["target"], result["board_key"], variant.of_result(result)
     if verdict.regressed:
         build_id, night, ms = verdict.best_build_id, verdict.best_night, verdict.best_ms
         why = "kept: tonight regressed"
@@ -88,17 +95,17 @@ def promote(store: ArtifactStore, result: dict[str, Any], verdict: Verdict) -> d
         build_id, night, ms = result["tuned"]["build_id"], result["night"], result["tuned"]["mean_ms"]
         why = "tonight's build"
     art = next((a for a in store.find("build") if a.id == build_id), None)
-    now = read_current(store.root, model, target, key)
+    now = read_current(store.root, model, target, key, var)
     if art is None:  # the best build was garbage-collected: keep whatever is current
         return now or {}
-    p = current_path(store.root, model, target, key)
+    p = current_path(store.root, model, target, key, var)
     lib = p.with_suffix(".so")
     if now is None or now.get("build_id") != build_id:
         tmp = lib.with_suffix(".so.tmp")
         p.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(art.file("model.so"), tmp)
         tmp.replace(lib)
-    cur = {"model": model, "target": target, "board_key": key, "build_id": build_id, "night": night,
+    cur = {"model": model, "variant": var, "target": target, "board_key": key, "build_id": build_id, "night": night,
            "tuned_ms": ms, "lib": str(lib), "artifact": str(art.path), "why": why, "run_id": result["run_id"]}
     atomic_write_text(p, json.dumps(cur, indent=1))
     return cur

@@ -13,7 +13,7 @@ Appending is idempotent: a measurement is identified by (target, board key, work
 session, trial, time) and an evaluation by its evaluate artifact, so a flow retry or a
 cached rerun that reports the same tuning again adds nothing. Readers are the
 `vta-pipeline history` command, the warm start (best records per workload from earlier
-sessions) and the regression guard (best night of a model).
+sessions) and the regression guard (best night of a model's variant: `variant.py`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from filelock import FileLock
 
-from . import workload_keys
+from . import variant, workload_keys
 
 MEASUREMENTS = "measurements"
 EVALUATIONS = "evaluations"
@@ -77,6 +77,7 @@ EVALUATION_SCHEMA = pa.schema([
     ("run_seconds", pa.float64()),
     ("evaluated_at", pa.timestamp("ms", tz="UTC")),
     ("threads", pa.int32()),      # threads the board ran the network with (as it reported them)
+    ("variant", pa.string()),     # variant.of the run's config (fp32 / int8, pack): null in rows before it
 ])
 
 
@@ -177,7 +178,7 @@ def evaluation_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             "correct": bool(e.get("correct")), "max_abs_err": e.get("max_abs_err"),
             "trials": sum(t.get("trials", 0) for t in result["tasks"]), "tuning_tasks": len(result["tasks"]),
             "run_seconds": result.get("seconds"), "evaluated_at": _ts(result.get("finished")),
-            "threads": e.get("threads"),
+            "threads": e.get("threads"), "variant": variant.of_result(result),
         })
     return rows
 
@@ -208,36 +209,54 @@ def _match(**eq: str | None) -> ds.Expression | None:
     return expr
 
 
+def evaluations(store_root: Path, filter: ds.Expression | None = None) -> list[dict[str, Any]]:
+    """Evaluation rows, each with its variant: rows recorded before the variant column get
+    theirs from their run's result in the store (`runs/<run_id>.json`), else stay None."""
+    rows = read(store_root, EVALUATIONS, filter=filter).to_pylist()
+    of_run: dict[str, str | None] = {}
+    for r in rows:
+        if r["variant"] is None:
+            if r["run_id"] not in of_run:
+                try:
+                    result = json.loads((Path(store_root) / "runs" / f"{r['run_id']}.json").read_text())
+                    of_run[r["run_id"]] = variant.of_result(result)
+                except (OSError, ValueError):
+                    of_run[r["run_id"]] = None
+            r["variant"] = of_run[r["run_id"]]
+    return rows
+
+
 def best_per_night(store_root: Path, model: str | None = None, target: str | None = None) -> list[dict[str, Any]]:
-    """Best correct tuned latency per (model, target, board key, night), oldest night first."""
+    """Best correct tuned latency per (model, variant, target, board key, night), oldest night first."""
     f = _match(model=model, target=target, build="tuned")
     f = (pc.field("correct") == True) if f is None else f & (pc.field("correct") == True)  # noqa: E712
-    t = read(store_root, EVALUATIONS, filter=f)
-    if t.num_rows == 0:
-        return []
-    g = t.group_by(["model", "target", "board_key", "night"]).aggregate(
-        [("mean_ms", "min"), ("run_id", "count_distinct"), ("trials", "max")])
-    rows = [{"model": r["model"], "target": r["target"], "board_key": r["board_key"], "night": r["night"],
-             "best_ms": r["mean_ms_min"], "runs": r["run_id_count_distinct"], "trials": r["trials_max"]}
-            for r in g.to_pylist()]
-    return sorted(rows, key=lambda r: (r["model"], r["target"], r["board_key"], r["night"]))
+    by: dict[tuple, dict[str, Any]] = {}
+    for r in evaluations(store_root, f):
+        k = (r["model"], r["variant"], r["target"], r["board_key"], r["night"])
+        row = by.setdefault(k, {"model": k[0], "variant": k[1], "target": k[2], "board_key": k[3], "night": k[4],
+                                "best_ms": r["mean_ms"], "runs": set(), "trials": r["trials"]})
+        row["best_ms"] = min(row["best_ms"], r["mean_ms"])
+        row["runs"].add(r["run_id"])
+        row["trials"] = max(row["trials"] or 0, r["trials"] or 0)
+    rows = [dict(r, runs=len(r["runs"])) for r in by.values()]
+    return sorted(rows, key=lambda r: (r["model"], r["variant"] or "", r["target"], r["board_key"], r["night"]))
 
 
 def trend(store_root: Path, model: str, target: str | None = None) -> list[dict[str, Any]]:
-    """Night by night for one model: best untuned and tuned latency and the speed-up."""
-    t = read(store_root, EVALUATIONS, filter=_match(model=model, target=target))
+    """Night by night for one model and each of its variants: best untuned and tuned latency
+    and the speed-up."""
     by: dict[tuple, dict[str, Any]] = {}
-    for r in t.to_pylist():
-        k = (r["target"], r["board_key"], r["night"])
-        row = by.setdefault(k, {"target": k[0], "board_key": k[1], "night": k[2], "untuned_ms": None,
-                                "tuned_ms": None, "trials": 0})
+    for r in evaluations(store_root, _match(model=model, target=target)):
+        k = (r["variant"], r["target"], r["board_key"], r["night"])
+        row = by.setdefault(k, {"variant": k[0], "target": k[1], "board_key": k[2], "night": k[3],
+                                "untuned_ms": None, "tuned_ms": None, "trials": 0})
         col = f"{r['build']}_ms"
         if r["build"] == "tuned" and not r["correct"]:
             continue
         if row[col] is None or r["mean_ms"] < row[col]:
             row[col] = r["mean_ms"]
         row["trials"] = max(row["trials"], r["trials"] or 0)
-    out = sorted(by.values(), key=lambda r: (r["target"], r["board_key"], r["night"]))
+    out = sorted(by.values(), key=lambda r: (r["variant"] or "", r["target"], r["board_key"], r["night"]))
     for r in out:
         r["speedup"] = r["untuned_ms"] / r["tuned_ms"] if r["untuned_ms"] and r["tuned_ms"] else None
     return out

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from . import variant
 from .records import keeps_default
 from .store import ArtifactStore, atomic_write_text
 
@@ -51,6 +52,7 @@ def make_result(run_id: str, config: dict[str, Any], fetched_meta: dict[str, Any
         "target": config.get("target"),
         "board_key": config.get("board", {}).get("key"),
         "config": config,
+        "variant": variant.of(config),
         "untuned": untuned,
         "tuned": tuned,
         "speedup": untuned["mean_ms"] / tuned["mean_ms"] if tuned.get("mean_ms") else None,
@@ -253,8 +255,10 @@ def markdown(result: dict[str, Any], store_root: Path) -> str:
     curves = plots.tuning_curves(result["tasks"], f"{result['model']}: best GFLOPS so far per task")
     (out / "tuning_curves.png").write_bytes(curves)
     trend = history.trend(Path(store_root), result["model"], result["target"])
-    trend = [r for r in trend if r["board_key"] == result["board_key"]]
-    nights = plots.latency_per_night(trend, f"{result['model']} on {result['board_key']} ({result['target']})")
+    mine = variant.of_result(result)
+    trend = [r for r in trend if r["board_key"] == result["board_key"] and r["variant"] == mine]
+    nights = plots.latency_per_night(trend, f"{result['model']} {variant.label(result.get('config') or {})} on "
+                                            f"{result['board_key']} ({result['target']})")
     (out / "latency_per_night.png").write_bytes(nights)
     u, t = result["untuned"], result["tuned"]
     guard = result.get("guard") or {}

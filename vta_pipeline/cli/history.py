@@ -45,7 +45,7 @@ def _print_rows(rows: list[dict], title: str, as_json: bool, empty: str) -> None
 
 @history_app.command("nights")
 def history_nights(store: StoreOpt = None, model: ModelOpt = None, target: TargetOpt = None, as_json: JsonOpt = False):
-    """Best (correct) tuned latency per model / target / board key, night by night."""
+    """Best (correct) tuned latency per model / variant (fp32, int8, pack) / target / board key, night by night."""
     from vta_pipeline import history
 
     rows = history.best_per_night(_history_store(store), model, target)
@@ -55,7 +55,7 @@ def history_nights(store: StoreOpt = None, model: ModelOpt = None, target: Targe
 @history_app.command("trend")
 def history_trend(model: Annotated[str, typer.Argument(help="Model name, as in the run's result.")],
                   store: StoreOpt = None, target: TargetOpt = None, as_json: JsonOpt = False):
-    """One model night by night: untuned and tuned latency, speed-up, trials."""
+    """One model night by night, per variant: untuned and tuned latency, speed-up, trials."""
     from vta_pipeline import history
 
     rows = history.trend(_history_store(store), model, target)
