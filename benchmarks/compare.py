@@ -756,6 +756,9 @@ def main() -> None:
                          "(mobilenet_v2=16)")
     ap.add_argument("--int8-dense", default="int8", choices=["int8", "float"],
                     help="the int8 rows' classifier: int8 (--quantize-dense, as ORT's QGemm) or float (relay's default)")
+    ap.add_argument("--int8-activations", default="int8", choices=["int8", "int32"],
+                    help="the x86 int8 rows' activations between layers: int8 (--int8-activations: residual adds "
+                         "read int8, as ORT's QLinearAdd) or int32 (relay's default)")
     ap.add_argument("--stem", default="packed", choices=["packed", "plain"],
                     help="the packed rows' stem conv (fp32 packed, int8 x86): packed, its image one channel block "
                          "(graph pack's --pack-stem; int8 rows quantize it and run it on the dot product), or plain "
@@ -784,7 +787,7 @@ def main() -> None:
             "runs": args.runs,
             "allocation": args.allocation, "records_library": args.records_library,
             "blocks": {m: fp32_block(m) for m in MODELS}, "int8_dense": args.int8_dense,
-            "stem": args.stem,
+            "stem": args.stem, "int8_activations": args.int8_activations,
             **machine.cpu(), "date": time.strftime("%Y-%m-%d %H:%M")}
     previous = args.out / "compare.json"
     if args.resume and previous.exists():
@@ -866,18 +869,21 @@ def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int]
     gets exactly the stated number of its own trials."""
     dense = [] if kind.startswith("fp32") or args.int8_dense == "float" else ["--quantize-dense"]
     stem = [] if args.stem == "plain" else STEM if kind == "fp32-packed" else STEM_INT8 if kind == "x86" else []
+    acts = ["--int8-activations"] if kind == "x86" and args.int8_activations == "int8" else []
     extra = ["--records-library", args.records_library, *(
         [] if kind == "fp32" else ["--pack", *MODELS[name]["pack"], *stem] if kind == "fp32-packed"
-        else ["--vta", "--pack-layout", kind, *MODELS[name]["int8"], *dense, *stem])]
+        else ["--vta", "--pack-layout", kind, *MODELS[name]["int8"], *dense, *stem, *acts])]
     label = ({"fp32": FP32_LAYOUTS["nchw"], "fp32-packed": FP32_LAYOUTS["packed"].format(block=fp32_block(name))}
              .get(kind) or INT8_LAYOUTS.get(kind))
     key = {"fp32": "fp32", "fp32-packed": "fp32 packed"}.get(kind, f"int8 {kind}")
-    # the int8 classifier and the int8 stem: rows (and curves) of their own
-    kind_key = kind + "+dense" * bool(dense) + "+stem" * bool(stem)
+    # the int8 classifier, the int8 stem and int8 activations: rows (and curves) of their own
+    kind_key = kind + "+dense" * bool(dense) + "+stem" * bool(stem) + "+int8act" * bool(acts)
     if dense:
         label, key = f"{label}, int8 classifier", f"{key} int8-dense"
     if stem:
         label, key = f"{label}, {'int8 ' * (kind == 'x86')}stem packed", f"{key} stem-packed"
+    if acts:
+        label, key = f"{label}, int8 activations", f"{key} int8-act"
     for j, trials in enumerate(budgets):  # later budgets continue from the earlier records
         if f"{name}/{kind_key}/{trials}" in res["pipeline_runs"]:  # resumed
             continue

@@ -151,3 +151,17 @@ def test_targets_and_models_listings():
     assert r.exit_code == 0 and '"kind": "llvm"' in r.stdout
     r = runner.invoke(app, ["models", "--source", "torchvision"])
     assert "resnet18" in r.stdout.split() and "mobilenet_v2" in r.stdout.split()
+
+
+def test_int8_activation_flags_choose_the_type_of_activations_between_layers():
+    """--int8-activations / --int32-activations set quantize.dtype_activation; unset, the
+    default (int32) or the target preset's (vta-sim: int8) stands."""
+    from vta_pipeline.cli.common import _int8_overrides
+    from vta_pipeline.config import build_config
+
+    def dtype(flag, target="host"):
+        given = _int8_overrides(True, *[None] * 13, int8_activations=flag)
+        return build_config(None, {**given, "target": target}).quantize.dtype_activation
+
+    assert (dtype(None), dtype(True), dtype(False)) == ("int32", "int8", "int32")
+    assert (dtype(None, "vta-sim"), dtype(False, "vta-sim")) == ("int8", "int32")

@@ -48,9 +48,9 @@ class Signed(nn.Module):
         return torch.relu(self.c2(self.c1(x)))
 
 
-def quantized(model: nn.Module, seed: int = 0):
+def quantized(model: nn.Module, seed: int = 0, int8_activations: bool = False):
     x = np.random.default_rng(seed).standard_normal((1, 3, 16, 16)).astype("float32")
-    q, _ = quantize(to_relax(randomize(model, seed), x), QuantizeParams())
+    q, _ = quantize(to_relax(randomize(model, seed), x), QuantizeParams(int8_activations=int8_activations))
     return q, x
 
 
@@ -271,8 +271,11 @@ def _asm(spec, tmp_path) -> str:
 
 
 @pytest.mark.skipif(not host_has_avx2, reason="this CPU has no AVX2: the tensorized module cannot run here")
-def test_a_tensorized_build_is_bit_identical_to_the_emulation(blocks, tmp_path):
-    q, x = blocks
+@pytest.mark.parametrize("int8_activations", [False, True], ids=["int32-activations", "int8-activations"])
+def test_a_tensorized_build_is_bit_identical_to_the_emulation(blocks, tmp_path, int8_activations):
+    """With int8 activations (--int8-activations) the residual block's add reads int8 and
+    each conv writes int8: the same exactness."""
+    q, x = quantized(Blocks(), int8_activations=True) if int8_activations else blocks
     x86, _ = graph_pack(q, PackParams(stop_name="nn.relu", stop_name_idx=4, layout="x86"))
     lib, _ = tuned_build(x86, HERE, tmp_path)
     y_emu, _ = emulate.run(q, [x])

@@ -30,7 +30,8 @@ def _model_overrides(model, source, onnx_path, input_shape) -> dict:
 
 def _int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode, calibration_data,
                     pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx, bfactor, cfactor,
-                    pack_layout=None, pad_channels=None, quantize_dense=None, pack_stem=None) -> dict:
+                    pack_layout=None, pad_channels=None, quantize_dense=None, pack_stem=None,
+                    int8_activations=None) -> dict:
     """The quantize / pack options shared by `run`, `tasks` and `pack-points`, as overrides.
     `--vta` turns both on (an explicit --no-quantize/--no-pack still wins)."""
     skip = None
@@ -44,6 +45,7 @@ def _int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, c
         "quantize.global_scale": global_scale, "quantize.skip_conv_layers": skip,
         "quantize.calibrate_mode": calibrate_mode, "quantize.calibration_data": calibration_data and str(calibration_data),
         "quantize.skip_dense_layer": None if quantize_dense is None else not quantize_dense,
+        "quantize.dtype_activation": None if int8_activations is None else "int8" if int8_activations else "int32",
         "pack.enabled": pack if pack is not None else (True if vta else None),
         "pack.start_name": pack_start, "pack.stop_name": pack_stop,
         "pack.start_name_idx": pack_start_idx, "pack.stop_name_idx": pack_stop_idx,

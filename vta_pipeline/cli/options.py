@@ -37,6 +37,10 @@ PackLayoutOpt = Annotated[Optional[str], typer.Option(
 QuantizeDenseOpt = Annotated[Optional[bool], typer.Option(
     "--quantize-dense/--float-dense",
     help="Quantize dense layers (the classifier) to int8 too, as ONNX Runtime's QGemm does (default: float).")]
+Int8ActivationsOpt = Annotated[Optional[bool], typer.Option(
+    "--int8-activations/--int32-activations",
+    help="Activations between layers in int8 (residual adds read int8, as ONNX Runtime's QLinearAdd; each conv "
+         "writes int8: half the bytes) or int32 (relay's default, except --target vta-sim).")]
 PadChannelsOpt = Annotated[Optional[bool], typer.Option(
     "--pad-channels/--no-pad-channels",
     help="Zero-pad channel counts --cfactor does not divide (values unchanged) instead of refusing them.")]

@@ -23,7 +23,7 @@ from vta_pipeline.cli.options import (
     PackLayoutOpt,
     PackStemOpt,
     PadChannelsOpt,
-    QuantizeDenseOpt,
+    QuantizeDenseOpt, Int8ActivationsOpt,
     PackOpt,
     PackStartIdxOpt,
     PackStartOpt,
@@ -87,6 +87,7 @@ def run(
     pack_layout: PackLayoutOpt = None,
     pad_channels: PadChannelsOpt = None,
     quantize_dense: QuantizeDenseOpt = None,
+    int8_activations: Int8ActivationsOpt = None,
     pack_stem: PackStemOpt = None,
     session: Annotated[Optional[str], typer.Option(
         help="Tuning session (e.g. tonight's date): a new session tunes a full budget of its own.")] = None,
@@ -124,7 +125,8 @@ def run(
             "tune.records_library": records_library, "guard.max_regression_pct": max_regression_pct,
             **_int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode,
                               calibration_data, pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx,
-                              bfactor, cfactor, pack_layout, pad_channels, quantize_dense, pack_stem),
+                              bfactor, cfactor, pack_layout, pad_channels, quantize_dense, pack_stem,
+                              int8_activations),
         })
         from vta_pipeline import steps
 

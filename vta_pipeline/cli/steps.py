@@ -24,7 +24,7 @@ from vta_pipeline.cli.options import (
     PackLayoutOpt,
     PackStemOpt,
     PadChannelsOpt,
-    QuantizeDenseOpt,
+    QuantizeDenseOpt, Int8ActivationsOpt,
     PackOpt,
     PackStartIdxOpt,
     PackStartOpt,
@@ -68,6 +68,7 @@ def tasks_cmd(
     pack_layout: PackLayoutOpt = None,
     pad_channels: PadChannelsOpt = None,
     quantize_dense: QuantizeDenseOpt = None,
+    int8_activations: Int8ActivationsOpt = None,
     pack_stem: PackStemOpt = None,
 ):
     """Fetch (quantize, pack) the model and print its tuning tasks, cached in the store like a run's.
@@ -84,7 +85,8 @@ def tasks_cmd(
             "store": store and str(store), "tune.task_filter": task_filter,
             **_int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode,
                               calibration_data, pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx,
-                              bfactor, cfactor, pack_layout, pad_channels, quantize_dense, pack_stem),
+                              bfactor, cfactor, pack_layout, pad_channels, quantize_dense, pack_stem,
+                              int8_activations),
         })
         tgt = resolve_target(cfg.target)
         st = ArtifactStore(cfg.store)
