@@ -1,0 +1,359 @@
+"""resnet18 fp32 tuned for an NVIDIA GPU by this pipeline, side by side with PyTorch eager,
+torch.compile and ONNX Runtime's CUDA provider, in one run on that GPU.
+
+The pipeline part is the library's steps in the nightly flow's order (vta_pipeline.steps,
+no Prefect): a local board on this machine (tracker + rpc server with the GPU), its CUDA
+limits read off the board, fetch, extract (NHWC, the GPU presets' layout), tune every task
+through the board, pick best, build, and evaluate on the board with its reference check.
+It tunes in rounds (`--trials 16,32`: to 16 trials per task, build and measure, then on to
+32 from the same records), so the run leaves measured points of latency against tuning
+time, and it starts no round that the deadline (`--deadline-min`) would cut.
+
+The frameworks are timed before the tuning and again after it (the GPU's clocks and the
+host move), each as the median of `--runs` batch-1 inferences of the same random-weight
+model (seed 0), synchronised per run. ONNX Runtime's CUDA provider needs the onnxruntime-gpu
+package; where the installed onnxruntime has no CUDA provider, its row says so.
+
+    python benchmarks/gpu_compare.py --out benchmarks/results/gpu_<commit>    # on a GPU machine
+
+Results: compare.json and compare.md in `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from vta_pipeline import boards, machine, steps  # noqa: E402
+from vta_pipeline.config import EvalConfig, build_config, parse_hostport  # noqa: E402
+from vta_pipeline.extract import load_tasks, select_tasks  # noqa: E402
+from vta_pipeline.store import ArtifactStore  # noqa: E402
+from vta_pipeline.targets import resolve_target  # noqa: E402
+
+SHAPE = (1, 3, 224, 224)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ---- the machine ------------------------------------------------------------------------------
+def gpu_facts() -> dict[str, Any]:
+    """The GPU as nvidia-smi and PyTorch name it: name, driver, memory, compute capability."""
+    import torch
+
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                          "--format=csv,noheader"], capture_output=True, text=True)
+    major, minor = torch.cuda.get_device_capability(0)
+    return {"gpu": torch.cuda.get_device_name(0), "nvidia_smi": smi.stdout.strip(),
+            "compute_capability": f"{major}.{minor}", "arch": f"sm_{major}{minor}",
+            "torch": torch.__version__, "torch_cuda": torch.version.cuda}
+
+
+def cuda_smoke(target_json: dict[str, Any]) -> str:
+    """Compile y = x + 1 for the target and run it on this GPU, in-process; returns the CUDA
+    compiler that worked. TVM compiles with NVRTC (the cuda-bindings package) unless
+    TVM_CUDA_COMPILE_MODE=nvcc; where NVRTC fails, the run goes on with nvcc (the builder's
+    processes start later and inherit the setting)."""
+    import tvm
+    from tvm import te
+
+    a = te.placeholder((1024,), "float32", name="a")
+    b = te.compute((1024,), lambda i: a[i] + 1.0, name="b")
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([a, b])}))
+    bx, tx = sch.split(sch.get_loops(sch.get_sblock("b"))[0], [None, 256])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    errors = []
+    for mode in (os.environ.get("TVM_CUDA_COMPILE_MODE", "nvrtc"), "nvcc"):
+        os.environ["TVM_CUDA_COMPILE_MODE"] = mode
+        try:
+            lib = tvm.compile(sch.mod, target=tvm.target.Target(target_json))
+            dev = tvm.cuda(0)
+            x = tvm.runtime.tensor(np.arange(1024, dtype="float32"), dev)
+            y = tvm.runtime.empty((1024,), "float32", dev)
+            lib["main"](x, y)
+            if not np.array_equal(y.numpy(), np.arange(1024, dtype="float32") + 1):
+                raise RuntimeError("wrong result")
+            return mode
+        except Exception as e:  # the next compiler
+            errors.append(f"{mode}: {type(e).__name__}: {e}")
+            log(f"CUDA smoke test with {mode} failed: {str(e)[-2000:]}")
+    raise RuntimeError("no CUDA compiler works here: " + " | ".join(errors))
+
+
+# ---- the frameworks ---------------------------------------------------------------------------
+def gpu_timed(fn: Callable[[], Any], runs: int, warmup: int = 10) -> list[float]:
+    """Wall-clock ms of `runs` calls, each synchronised: batch-1 latency as a caller sees it."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def stats(ms: list[float]) -> dict[str, float]:
+    return {"median_ms": float(np.median(ms)), "p90_ms": float(np.percentile(ms, 90)),
+            "min_ms": float(np.min(ms)), "runs": len(ms)}
+
+
+class Frameworks:
+    """resnet18 (random weights, seed) on the GPU in PyTorch eager (NCHW and channels-last),
+    torch.compile (inductor) and ONNX Runtime (CUDA provider, where installed); kept loaded
+    so that they can be timed again after the tuning."""
+
+    def __init__(self, name: str, seed: int, work: Path):
+        import torch
+        import torchvision
+
+        torch.manual_seed(seed)
+        self.model = getattr(torchvision.models, name)(weights=None).eval().cuda()
+        self.x_cpu = np.random.default_rng(seed).standard_normal(SHAPE).astype("float32")
+        self.x = torch.from_numpy(self.x_cpu).cuda()
+        self.model_cl = getattr(torchvision.models, name)(weights=None).eval().cuda()
+        self.model_cl.load_state_dict(self.model.state_dict())
+        self.model_cl = self.model_cl.to(memory_format=torch.channels_last)
+        self.x_cl = self.x.contiguous(memory_format=torch.channels_last)
+        t0 = time.time()
+        self.compiled = torch.compile(self.model)
+        with torch.inference_mode():
+            self.compiled(self.x)  # compiles here, not in the timed runs
+        self.compile_s = time.time() - t0
+        self.ort, self.ort_note = self._ort(work)
+
+    def _ort(self, work: Path):
+        import torch
+
+        try:
+            import onnxruntime as ort
+        except ImportError as e:
+            return None, f"onnxruntime is not installed: {e}"
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            return None, (f"onnxruntime {ort.__version__} here has no CUDAExecutionProvider "
+                          f"(providers: {', '.join(ort.get_available_providers())}): it needs the onnxruntime-gpu "
+                          "package built for this machine's CUDA")
+        path = work / "model.onnx"
+        torch.onnx.export(self.model.cpu(), (torch.from_numpy(self.x_cpu),), str(path), input_names=["data"],
+                          output_names=["out"], opset_version=17, dynamo=False)
+        self.model.cuda()
+        sess = ort.InferenceSession(str(path), providers=["CUDAExecutionProvider"])
+        if sess.get_providers()[0] != "CUDAExecutionProvider":
+            return None, f"ONNX Runtime fell back to {sess.get_providers()}"
+        return sess, ""
+
+    def time(self, runs: int) -> dict[str, dict[str, float]]:
+        import torch
+
+        res = {}
+        with torch.inference_mode():
+            res["PyTorch eager fp32 (NCHW)"] = stats(gpu_timed(lambda: self.model(self.x), runs))
+            res["PyTorch eager fp32 (channels-last)"] = stats(gpu_timed(lambda: self.model_cl(self.x_cl), runs))
+            res["torch.compile fp32 (inductor)"] = stats(gpu_timed(lambda: self.compiled(self.x), runs))
+        if self.ort is not None:
+            feed = {"data": self.x_cpu}
+            res["ONNX Runtime fp32 (CUDA provider)"] = stats(gpu_timed(lambda: self.ort.run(None, feed), runs))
+        return res
+
+    def reference(self) -> np.ndarray:
+        import torch
+
+        with torch.inference_mode():
+            return self.model(self.x).float().cpu().numpy()
+
+
+# ---- our pipeline -----------------------------------------------------------------------------
+def tvm_rounds(args, facts: dict[str, Any], res: dict[str, Any], save: Callable[[], None]) -> None:
+    """Tune, build and evaluate in rounds of `args.trials`, on a local board with this GPU."""
+    t_start = time.time()
+    target_name, key = args.target or f"cuda:{facts['arch']}", args.key
+    cfg = build_config(None, {
+        "model.source": args.source, "model.name": args.model, "model.seed": args.seed,
+        "target": target_name, "board.key": key, "store": str(args.store),
+        "tune.trials_per_batch": args.batch, "tune.task_filter": args.tasks,
+    })
+    target = resolve_target(cfg.target)
+    steps.check_target(cfg, target)
+    store = ArtifactStore(cfg.store)
+    res["tvm"] = {"target": target_name, "store": str(args.store), "points": []}
+    with boards.LocalBoard(key=key, log_dir=store.root / "logs", server_module=target.server_module) as local:
+        host, port = parse_hostport(local.tracker)
+        n = boards.preflight(host, port, key)
+        health_ms = boards.health_check(host, port, key, dict(target.target_json))
+        params = boards.device_params(host, port, key, target.device) if target.query_device else {}
+        target = target.with_device_params(params) if params else target
+        log(f"local board {local.tracker}: {n} server(s), health check {health_ms:.4f} ms, limits {params}")
+        res["tvm"].update(board_params=params, target_json=target.full_json)
+        if target.device == "cuda":
+            res["tvm"]["cuda_compiler"] = cuda_smoke(target.full_json)
+            log(f"CUDA kernels compile with {res['tvm']['cuda_compiler']}")
+        fetched = steps.fetch_step(store, cfg.model)
+        extracted = steps.extract_step(store, fetched, target)
+        tasks = select_tasks(load_tasks(extracted.path), cfg.tune.task_filter)
+        log(f"{len(tasks)} tuning task(s): {', '.join(t.name for t in tasks)}")
+        res["tvm"]["tasks"] = [t.name for t in tasks]
+        board = boards.BoardSpec(host, port, key, 1)
+        ev_cfg = EvalConfig(repeat=args.eval_repeat)
+        tracker = (host, port)
+
+        t0 = time.time()
+        untuned = steps.build_step(store, extracted, None, target)
+        ev = steps.evaluate_step(store, untuned, fetched, target, tracker, key, ev_cfg).meta
+        res["tvm"]["untuned"] = {**_ev_row(ev), "build_s": time.time() - t0}
+        log(f"untuned: {ev['mean_ms']:.3f} ms, output check {'passed' if ev['correct'] else 'FAILED'}")
+        save()
+
+        tuning_s = 0.0
+        for budget in args.trials:
+            left = args.deadline_min * 60 - (time.time() - t_start)
+            last = res["tvm"]["points"][-1] if res["tvm"]["points"] else None
+            if last is not None:  # the last round's pace, per trial, decides whether this one fits
+                prev = res["tvm"]["points"][-2]["trials_per_task"] if len(res["tvm"]["points"]) > 1 else 0
+                need = last["round_s"] / max(1, last["trials_per_task"] - prev) * (budget - last["trials_per_task"])
+                if need > left:
+                    log(f"stop: {budget} trials/task would need ~{need:.0f} s, {left:.0f} s left")
+                    res["tvm"]["stopped"] = f"{budget} trials/task would need ~{need:.0f} s, {left:.0f} s left"
+                    break
+            t_round = time.time()
+            tune_cfg = cfg.tune.model_copy(update={"trials_per_task": budget})
+            tuned = []
+            for i, task in enumerate(tasks):
+                try:  # a task that fails is reported, and the network builds with the others' records
+                    art = steps.tune_step(store, extracted, task, target, board, tune_cfg, cfg.measure)
+                except Exception as e:
+                    err = f"{type(e).__name__}: {e}"
+                    res["tvm"].setdefault("task_errors", {})[f"{task.name}@{budget}"] = err[-3000:]
+                    log(f"  [{i + 1}/{len(tasks)}] {task.name}: FAILED {type(e).__name__}: {str(e)[-1500:]}")
+                    continue
+                tuned.append((task, art))
+                log(f"  [{i + 1}/{len(tasks)}] {task.name}: best {art.meta.get('best_latency_ms')} ms "
+                    f"({art.meta.get('trials')} trials)")
+            if not tuned:
+                raise RuntimeError(f"every task failed to tune: {res['tvm']['task_errors']}")
+            best = steps.pick_best_step(store, [a for _, a in tuned], target)
+            tuning_s += time.time() - t_round
+            lib = steps.build_step(store, extracted, best, target)
+            ev = steps.evaluate_step(store, lib, fetched, target, tracker, key, ev_cfg).meta
+            point = {"trials_per_task": budget, **_ev_row(ev), "tuning_s": tuning_s, "round_s": time.time() - t_round,
+                     "tasks": {t.name: a.meta for t, a in tuned}}
+            res["tvm"]["points"].append(point)
+            log(f"{budget} trials/task: {ev['mean_ms']:.3f} ms (median {ev.get('median_ms')}), output check "
+                f"{'passed' if ev['correct'] else 'FAILED'}, tuning so far {tuning_s:.0f} s")
+            save()
+
+
+def _ev_row(ev: dict[str, Any]) -> dict[str, Any]:
+    keys = ("mean_ms", "median_ms", "min_ms", "std_ms", "correct", "max_abs_err", "cosine")
+    return {k: ev.get(k) for k in keys}
+
+
+# ---- the report -------------------------------------------------------------------------------
+def markdown(res: dict[str, Any]) -> str:
+    facts = res.get("facts", {})
+    lines = [f"# resnet18 fp32 on {facts.get('gpu')}: tuned TVM vs PyTorch and ONNX Runtime", "",
+             f"- GPU: {facts.get('nvidia_smi')} (compute capability {facts.get('compute_capability')})",
+             f"- host: {res['cpu']['cpu']} ({res['cpu']['logical_cpus']} logical CPUs); torch "
+             f"{facts.get('torch')} (CUDA {facts.get('torch_cuda')}); TVM {res.get('tvm_version')}; "
+             f"commit {res['commit']}",
+             f"- batch 1, {SHAPE[1]}x{SHAPE[2]}x{SHAPE[3]}, random weights (seed {res['seed']}); frameworks: "
+             f"median of {res['runs']} synchronised runs; TVM: the board's evaluation (mean of its repeats)", ""]
+    lines += ["| engine | before tuning (ms, median) | after tuning (ms, median) | p90 after |", "|---|---|---|---|"]
+    after = res.get("frameworks_after", {})
+    for name, row in res.get("frameworks_before", {}).items():
+        a = after.get(name, {})
+        lines.append(f"| {name} | {row['median_ms']:.3f} | {a.get('median_ms', float('nan')):.3f} | "
+                     f"{a.get('p90_ms', float('nan')):.3f} |")
+    if res.get("ort_note"):
+        lines.append(f"| ONNX Runtime fp32 (CUDA provider) | not run: {res['ort_note']} | | |")
+    tvm = res.get("tvm", {})
+    if "untuned" in tvm:
+        u = tvm["untuned"]
+        lines.append(f"| TVM untuned (default GPU schedules) | {u['mean_ms']:.3f} (mean) | | |")
+    for p in tvm.get("points", []):
+        lines.append(f"| TVM tuned, {p['trials_per_task']} trials/task ({p['tuning_s'] / 60:.1f} min tuning) | | "
+                     f"{p['mean_ms']:.3f} (mean; median {p['median_ms']}) | output check "
+                     f"{'passed' if p['correct'] else 'FAILED'} |")
+    if tvm.get("stopped"):
+        lines += ["", f"Tuning stopped at the deadline: {tvm['stopped']}."]
+    if "compile_s" in res:
+        lines += ["", f"torch.compile took {res['compile_s']:.0f} s to compile."]
+    if res.get("error"):
+        lines += ["", f"**The run failed:** `{res['error']}`"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="resnet18")
+    p.add_argument("--source", default="torchvision", help="where the model comes from (builtin: a tiny test net)")
+    p.add_argument("--key", default="cuda", help="the local board's key")
+    p.add_argument("--target", default=None, help="a CUDA preset (default: cuda:sm_XX of this GPU)")
+    p.add_argument("--trials", default="16,32", help="budgets per task, in rounds (comma-separated)")
+    p.add_argument("--batch", type=int, default=16, help="candidates per search round")
+    p.add_argument("--tasks", default="conv2d", choices=["conv2d", "all"],
+                   help="which tasks to tune (conv2d: the rest keeps TVM's default GPU schedules)")
+    p.add_argument("--deadline-min", type=float, default=30.0, help="start no tuning round this would cut")
+    p.add_argument("--runs", type=int, default=200, help="timed runs per framework")
+    p.add_argument("--eval-repeat", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--store", type=Path, default=None)
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gpu")
+    args = p.parse_args()
+    args.trials = [int(t) for t in args.trials.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp())
+    args.store = args.store or work / "store"  # a kept --store resumes the tuning
+    import tvm
+
+    res: dict[str, Any] = {"model": args.model, "seed": args.seed, "runs": args.runs, "trials": args.trials,
+                           "cpu": machine.cpu(),
+                           "commit": os.environ.get("VTA_PIPELINE_COMMIT") or machine.source_commit(),
+                           "tvm_version": tvm.__version__, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    t0 = time.time()
+
+    def save() -> None:
+        res["seconds"] = time.time() - t0
+        (args.out / "compare.json").write_text(json.dumps(res, indent=1, default=str))
+        (args.out / "compare.md").write_text(markdown(res))
+
+    try:
+        res["facts"] = gpu_facts()
+        log(f"GPU: {res['facts']}")
+        fw = Frameworks(args.model, args.seed, work)
+        res["compile_s"], res["ort_note"] = fw.compile_s, fw.ort_note
+        res["frameworks_before"] = fw.time(args.runs)
+        log(f"frameworks: {json.dumps(res['frameworks_before'])}")
+        save()
+        tvm_rounds(args, res["facts"], res, save)
+        res["frameworks_after"] = fw.time(args.runs)
+        log(f"frameworks after tuning: {json.dumps(res['frameworks_after'])}")
+    except Exception as e:  # keep what was measured
+        import traceback
+
+        res["error"] = f"{type(e).__name__}: {e}"
+        traceback.print_exc()
+    finally:
+        save()
+        print(markdown(res))
+
+
+if __name__ == "__main__":
+    main()
