@@ -191,7 +191,12 @@ class LocalBoard:
     def _spawn(self, args: list[str], role: str) -> subprocess.Popen:
         # TVM's runtime uses half the logical CPUs on x86 unless told (it assumes SMT): a
         # board measures with the threads the network will run with, the target's cores.
-        env = dict(os.environ, PYTHONUNBUFFERED="1", TVM_NUM_THREADS=str(self.threads))
+        # tvm_ffi's import asks torch.cuda.is_available() where PyTorch is installed, which
+        # initializes CUDA in the rpc_server before it forks a process per session: on a GPU
+        # board every session then failed with cudaErrorInitializationError (an H200). A
+        # board exchanges no tensors with PyTorch, so it goes without that hook.
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TVM_NUM_THREADS=str(self.threads),
+                   TVM_FFI_DISABLE_TORCH_C_DLPACK="1")
         cmd = [sys.executable, "-m"]
         if not self.detached:
             cmd += ["vta_pipeline.watchdog", "--watch", str(os.getpid()), "--"]
