@@ -189,7 +189,7 @@ def tvm_rounds(args, facts: dict[str, Any], res: dict[str, Any], save: Callable[
         "model.source": args.source, "model.name": args.model, "model.seed": args.seed,
         "target": target_name, "board.key": key, "store": str(args.store),
         "tune.trials_per_batch": args.batch, "tune.task_filter": args.tasks,
-        "measure.min_repeat_ms": args.min_repeat_ms,
+        "measure.min_repeat_ms": args.min_repeat_ms, "tune.retime_top": args.retime_top,
     })
     target = resolve_target(cfg.target)
     steps.check_target(cfg, target)
@@ -314,6 +314,7 @@ def main() -> None:
     p.add_argument("--deadline-min", type=float, default=30.0, help="start no tuning round this would cut")
     p.add_argument("--min-repeat-ms", type=int, default=20,
                    help="a candidate's shortest timed repeat (GPU kernels take microseconds; the CPU default is 150)")
+    p.add_argument("--retime-top", type=int, default=8, help="each task's best records re-timed in turn (1: off)")
     p.add_argument("--runs", type=int, default=200, help="timed runs per framework")
     p.add_argument("--eval-repeat", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)

@@ -391,7 +391,10 @@ def _measure_after_search(work_dir: Path, task_name: str, workload_mod, target, 
 
     After the search, not before it: a board that dies or hangs is then already out of the
     tracker's rotation, and the trial log stays exactly what the search measured."""
-    if not (work_dir / "default.json").exists() and _boards_left(board):
+    # A GPU task's default lowering is one unbound thread (the network build gives GPU tasks
+    # without a record TVM's default GPU schedules instead): running it crashed the session.
+    cpu = target.kind.name in ("llvm", "c")
+    if cpu and not (work_dir / "default.json").exists() and _boards_left(board):
         _default_latency(work_dir, task_name, workload_mod, target, board, measure, tune, cross_compiler)
     if tune.retime_top > 1 and _boards_left(board):
         retime.retime_top(work_dir, task_name, workload_mod, target, board, measure, tune.retime_top,
