@@ -150,3 +150,14 @@ def test_a_board_started_detached_outlives_the_command_until_board_down(tmp_path
         down = subprocess.run([*cli, "down"], env=env, capture_output=True, text=True, timeout=60)
     assert "stopped the board" in down.stdout
     assert _gone(pids) == []
+
+
+def test_board_servers_start_without_tvm_ffis_pytorch_hook(tmp_path):
+    """tvm_ffi's import asks torch.cuda.is_available() where PyTorch is installed, which
+    initializes CUDA in the rpc_server before it forks a process per session; on a GPU board
+    (an H200) every session then failed with cudaErrorInitializationError. The board's
+    processes are started with the hook off."""
+    with LocalBoard(key="nohook", num_servers=1, log_dir=tmp_path / "logs", registry=tmp_path / "registry") as b:
+        for p in b.procs:
+            for proc in [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]:
+                assert proc.environ().get("TVM_FFI_DISABLE_TORCH_C_DLPACK") == "1", proc.cmdline()

@@ -160,3 +160,14 @@ def test_the_best_records_are_retimed_in_turn_and_pick_best_builds_with_the_fast
                              tvm.target.Target(host_target.target_json), _spec(board), MEASURE, 3, 2, 1.0 + 1e-9,
                              120.0) is None
     assert (work / retime.RETIMED).read_text() == before
+
+
+@pytest.mark.parametrize("target, measured", [("llvm", True), ("c", True), ("cuda", False), ("opencl", False)])
+def test_a_tasks_default_lowering_is_measured_on_cpus_only(target, measured):
+    """On a GPU the default lowering is one unbound thread (the build gives GPU tasks without
+    a record TVM's default GPU schedules): running it crashed an H200 board's session."""
+    import tvm
+
+    from vta_pipeline.tuning import measures_default
+
+    assert measures_default(tvm.target.Target(target)) is measured

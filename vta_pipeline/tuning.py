@@ -391,10 +391,7 @@ def _measure_after_search(work_dir: Path, task_name: str, workload_mod, target, 
 
     After the search, not before it: a board that dies or hangs is then already out of the
     tracker's rotation, and the trial log stays exactly what the search measured."""
-    # A GPU task's default lowering is one unbound thread (the network build gives GPU tasks
-    # without a record TVM's default GPU schedules instead): running it crashed the session.
-    cpu = target.kind.name in ("llvm", "c")
-    if cpu and not (work_dir / "default.json").exists() and _boards_left(board):
+    if measures_default(target) and not (work_dir / "default.json").exists() and _boards_left(board):
         _default_latency(work_dir, task_name, workload_mod, target, board, measure, tune, cross_compiler)
     if tune.retime_top > 1 and _boards_left(board):
         retime.retime_top(work_dir, task_name, workload_mod, target, board, measure, tune.retime_top,
@@ -457,6 +454,15 @@ def _retime_summary(work_dir: Path) -> dict[str, Any] | None:
 
 
 # ---- the default lowering, measured on the board ------------------------------------------------
+def measures_default(target) -> bool:
+    """Whether a task's default lowering is worth a measurement: on CPUs only.
+
+    A GPU task's default lowering is one unbound thread, not what the network build gives a
+    GPU task without a record (TVM's default GPU schedules): running it on an H200 board
+    crashed the session, and the crash took the board's rpc_server down with it."""
+    return target.kind.name in ("llvm", "c")
+
+
 def measure_default(workload_mod, target, board: BoardSpec, measure: MeasureConfig,
                     builder_timeout_s: float, cross_compiler: str | None = None) -> tuple[float | None, str | None]:
     """Seconds the task's default lowering (no schedule) takes on the board, or (None, why).
