@@ -36,6 +36,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import compare  # noqa: E402  (benchmarks/compare.py: the CPU benchmark's model and statistics)
 from vta_pipeline import boards, importers, machine, steps  # noqa: E402
 from vta_pipeline import build as build_mod  # noqa: E402
 from vta_pipeline.config import EvalConfig, build_config, parse_hostport  # noqa: E402
@@ -113,8 +114,8 @@ def gpu_timed(fn: Callable[[], Any], runs: int, warmup: int = 10) -> list[float]
 
 
 def stats(ms: list[float]) -> dict[str, float]:
-    return {"median_ms": float(np.median(ms)), "p90_ms": float(np.percentile(ms, 90)),
-            "min_ms": float(np.min(ms)), "runs": len(ms)}
+    """compare.py's statistics, and the fastest run."""
+    return {**compare.stats(ms), "min_ms": float(np.min(ms))}
 
 
 class Frameworks:
@@ -123,16 +124,14 @@ class Frameworks:
     so that they can be timed again after the tuning."""
 
     def __init__(self, name: str, seed: int, work: Path):
-        import torch
-        import torchvision
+        import copy
 
-        torch.manual_seed(seed)
-        self.model = getattr(torchvision.models, name)(weights=None).eval().cuda()
+        import torch
+
+        self.model = compare.torch_model(name, seed).cuda()
         self.x_cpu = np.random.default_rng(seed).standard_normal(SHAPE).astype("float32")
         self.x = torch.from_numpy(self.x_cpu).cuda()
-        self.model_cl = getattr(torchvision.models, name)(weights=None).eval().cuda()
-        self.model_cl.load_state_dict(self.model.state_dict())
-        self.model_cl = self.model_cl.to(memory_format=torch.channels_last)
+        self.model_cl = copy.deepcopy(self.model).to(memory_format=torch.channels_last)
         self.x_cl = self.x.contiguous(memory_format=torch.channels_last)
         t0 = time.time()
         self.compiled = torch.compile(self.model)
@@ -237,8 +236,8 @@ def tvm_rounds(args, facts: dict[str, Any], res: dict[str, Any], save: Callable[
                 prev = res["tvm"]["points"][-2]["trials_per_task"] if len(res["tvm"]["points"]) > 1 else 0
                 need = last["round_s"] / max(1, last["trials_per_task"] - prev) * (budget - last["trials_per_task"])
                 if need > left:
-                    log(f"stop: {budget} trials/task would need ~{need:.0f} s, {left:.0f} s left")
                     res["tvm"]["stopped"] = f"{budget} trials/task would need ~{need:.0f} s, {left:.0f} s left"
+                    log(f"stop: {res['tvm']['stopped']}")
                     break
             t_round = time.time()
             tune_cfg = cfg.tune.model_copy(update={"trials_per_task": budget})
@@ -297,14 +296,14 @@ def cross_check(built, fetched, y_torch: np.ndarray | None, device: str, runs: i
     x, y_ref = importers.load_reference(fetched.path)
     dev = tvm.device(device)
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(built.file(build_mod.LIB))), dev)
-    out = vm["main"](tvm.runtime.tensor(x, dev))
+    xd = tvm.runtime.tensor(x, dev)
+    out = vm["main"](xd)
     y = (out[0] if not isinstance(out, tvm.runtime.Tensor) else out).numpy().reshape(y_ref.shape)
     row = {"max_abs_vs_reference": float(np.max(np.abs(y - y_ref))), "output_std": float(y.std())}
     if y_torch is not None:
         row["max_abs_vs_torch_gpu"] = float(np.max(np.abs(y - y_torch.reshape(y.shape))))
         row["reference_vs_torch_gpu"] = float(np.max(np.abs(y_ref - y_torch.reshape(y.shape))))
     if device == "cuda":
-        xd = tvm.runtime.tensor(x, dev)
         row.update({f"wall_{k}": v for k, v in stats(gpu_timed(lambda: vm["main"](xd), runs)).items()})
     log(f"in-process output check: {row}")
     return row
