@@ -61,7 +61,7 @@ def gpu_facts() -> dict[str, Any]:
     major, minor = torch.cuda.get_device_capability(0)
     return {"gpu": torch.cuda.get_device_name(0), "nvidia_smi": smi.stdout.strip(),
             "compute_capability": f"{major}.{minor}", "arch": f"sm_{major}{minor}",
-            "torch": torch.__version__, "torch_cuda": torch.version.cuda}
+            "torch": torch.__version__, "torch_cuda": torch.version.cuda, "torch_threads": torch.get_num_threads()}
 
 
 def cuda_smoke(target_json: dict[str, Any]) -> str:
@@ -207,7 +207,7 @@ def tvm_rounds(args, facts: dict[str, Any], res: dict[str, Any], save: Callable[
         params = boards.device_params(host, port, key, target.device) if target.query_device else {}
         target = target.with_device_params(params) if params else target
         log(f"local board {local.tracker}: {n} server(s), health check {health_ms:.4f} ms, limits {params}")
-        res["tvm"].update(board_params=params, target_json=target.full_json)
+        res["tvm"].update(board_params=params, target_json=target.full_json, board_threads=local.threads)
         if target.device == "cuda":
             res["tvm"]["cuda_compiler"] = cuda_smoke(target.full_json)
             log(f"CUDA kernels compile with {res['tvm']['cuda_compiler']}")
@@ -321,7 +321,8 @@ def markdown(res: dict[str, Any]) -> str:
              f"- GPU: {facts.get('nvidia_smi')} (compute capability {facts.get('compute_capability')})",
              f"- host: {res['cpu']['cpu']} ({res['cpu']['logical_cpus']} logical CPUs); torch "
              f"{facts.get('torch')} (CUDA {facts.get('torch_cuda')}); TVM {res.get('tvm_version')}; "
-             f"commit {res['commit']}",
+             f"commit {res['commit']}; host threads: PyTorch {facts.get('torch_threads')}, the board's rpc_server "
+             f"{res.get('tvm', {}).get('board_threads')}",
              f"- batch 1, {SHAPE[1]}x{SHAPE[2]}x{SHAPE[3]}, random weights (seed {res['seed']}); frameworks: "
              f"median of {res['runs']} synchronised runs; TVM: the board's evaluation (median of its timed "
              "repeats)", ""]
