@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from . import int8_dot, intrin_registry, packed_conv_space, pools, retime, schedule_rules
+from . import injective_space, int8_dot, intrin_registry, packed_conv_space, pools, retime, schedule_rules
 from .boards import BoardSpec
 from .config import MeasureConfig, TuneConfig
 from .cost_model import lease as lease_cost_model
@@ -49,7 +49,7 @@ __all__ = ["STEP", "VERSION", "TuneOutcome", "TuningAborted", "tune_task", "meas
            "design_space", "population_size", "genetic_iters"]
 
 STEP = "tune"
-VERSION = 2
+VERSION = 3  # 3: functions without a reduction search injective_space (before: one generic schedule)
 
 
 @dataclass
@@ -157,11 +157,14 @@ def genetic_iters(round_size: int) -> int:
 def design_space(target: Any, workload_mod: Any, failures: int8_dot.TensorizeFailures | None = None) -> Any:
     """The search space of one task: NeoCPU's packed-conv space for graph pack's convs on a
     CPU (`packed_conv_space`: float, and uint8 x int8 where the CPU has a dot product), the
-    dot-product rule for other uint8 x int8 blocks (`int8_dot`), MetaSchedule's generic space
+    output's own loops for a CPU function without a reduction (`injective_space`: layout
+    transforms, quantizes), the dot-product rule for other uint8 x int8 blocks (`int8_dot`), MetaSchedule's generic space
     for everything else."""
     kind = packed_conv_space.conv_kind(workload_mod, target)
     if kind is not None:
         return packed_conv_space.space_generator(target, kind, workload_mod)
+    if injective_space.applies(workload_mod, target):
+        return injective_space.space_generator()
     return int8_dot.space_generator(target, workload_mod, failures)
 
 

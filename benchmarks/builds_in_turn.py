@@ -1,0 +1,141 @@
+"""Two or more of our builds of one network, timed in turn with ONNX Runtime's: an A/B of a
+change to the pipeline, on this host's noisy minutes.
+
+`compare.py` times one build per row beside ONNX Runtime; when a change is about a few
+percent (a kernel of 0.1 ms in a network of 3 ms), a build from before it and one from after
+must be timed in the same minutes as each other and as the reference, or the host's drift
+(1.4x within minutes here) says more than the change. Each round times every build (the
+best of `--repeat` x `--number` runs through the Relax VM's time evaluator), then ONNX
+Runtime (the best of as many runs, wall clock per run), 0.5 s apart so that no engine's
+thread pool is still spinning when the next starts; the medians over rounds, and each
+build's ratio to ONNX Runtime per round, are what to read.
+
+    uv run python benchmarks/builds_in_turn.py --model mobilenet_v2 --int8 \\
+        --build before=/store/pipeline/steps/build/<key>/model.so \\
+        --build after=/store/pipeline/steps/build/<key2>/model.so --out benchmarks/results/<run>
+
+Writes builds_in_turn_<model>[_int8].{md,json} into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from compare import ort_quantize, torch_model
+from conv_gap import SPIN, ort_session
+
+from vta_pipeline import machine
+
+PAUSE_S = 0.5
+
+
+def reference_session(model: str, int8: bool, threads: int, x: np.ndarray):
+    """ONNX Runtime on the torchvision model as compare.py exports it (fp32, or its U8S8 QDQ
+    quantization), not spinning."""
+    import torch
+
+    work = Path(tempfile.mkdtemp())
+    onnx_path = work / f"{model}.onnx"
+    torch.onnx.export(torch_model(model, 0), (torch.from_numpy(x),), str(onnx_path), input_names=["data"],
+                      output_names=["out"], opset_version=17, dynamo=False)
+    if int8:
+        ort_quantize(onnx_path, work / f"{model}.u8s8.onnx", x.shape, 1)
+        onnx_path = work / f"{model}.u8s8.onnx"
+    return ort_session(onnx_path, threads)
+
+
+def best_wall_ms(fn: Callable[[], Any], number: int, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        for _ in range(number):
+            fn()
+        times.append((time.perf_counter() - t) / number)
+    return 1e3 * min(times)
+
+
+def in_turn(builds: dict[str, Path], sess, x: np.ndarray, rounds: int, number: int, repeat: int) -> dict[str, list]:
+    import tvm
+    from tvm import relax
+
+    dev = tvm.cpu()
+    xt = tvm.runtime.tensor(x, dev)
+    timers = {}
+    for name, lib in builds.items():
+        vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib)), dev)
+        timers[name] = vm.time_evaluator("main", dev, number=number, repeat=repeat)
+    ort = lambda: sess.run(None, {"data": x})  # noqa: E731
+    ort()
+    times: dict[str, list[float]] = {k: [] for k in (*builds, "ort")}
+    for _ in range(rounds):
+        for name, timer in timers.items():
+            times[name].append(1e3 * min(timer(xt).results))
+            time.sleep(PAUSE_S)
+        times["ort"].append(best_wall_ms(ort, number, repeat))
+        time.sleep(PAUSE_S)
+    return times
+
+
+def report(times: dict[str, list[float]], meta: dict[str, Any]) -> list[str]:
+    ref = "ONNX Runtime int8 (U8S8 QDQ)" if meta["int8"] else "ONNX Runtime fp32"
+    md = [f"{meta['model']}{' int8' if meta['int8'] else ' fp32'}: our builds in turn with {ref}, {meta['rounds']} "
+          f"rounds (each turn the best of {meta['repeat']} x {meta['number']} runs; ours by the Relax VM's time "
+          f"evaluator, ONNX Runtime wall clock per run), {meta['date']}, on {meta.get('cpu', '?')} "
+          f"({', '.join(meta.get('isa', []))}), {meta['threads']} threads, thread pools not spinning.", "",
+          "| engine | median ms | fastest round ms | / ORT per round (median) | faster than ORT in |",
+          "|---|---|---|---|---|"]
+    ort = times["ort"]
+    for name, ms in times.items():
+        if name == "ort":
+            continue
+        ratio = [a / b for a, b in zip(ms, ort)]
+        wins = sum(a < b for a, b in zip(ms, ort))
+        md.append(f"| {name} ({meta['builds'][name]}) | {np.median(ms):.3f} | {min(ms):.3f} | "
+                  f"{np.median(ratio):.3f} | {wins} of {len(ms)} rounds |")
+    md.append(f"| {ref} | {np.median(ort):.3f} | {min(ort):.3f} | 1 | - |")
+    return md
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="mobilenet_v2", help="the torchvision model the builds were made from")
+    ap.add_argument("--build", action="append", required=True, metavar="NAME=PATH",
+                    help="a build's model.so, named (repeat: two or more)")
+    ap.add_argument("--int8", action="store_true", help="compare with ONNX Runtime int8 (U8S8 QDQ), not fp32")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--number", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=Path("."))
+    args = ap.parse_args()
+    builds = {}
+    for item in args.build:
+        name, sep, path = item.partition("=")
+        if not sep or not Path(path).is_file():
+            ap.error(f"--build {item!r}: give NAME=PATH of a built model.so that exists")
+        builds[name] = Path(path)
+    os.environ.update(SPIN, TVM_NUM_THREADS=str(args.threads))
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    sess = reference_session(args.model, args.int8, args.threads, x)
+    times = in_turn(builds, sess, x, args.rounds, args.number, args.repeat)
+    meta = {**machine.cpu(), "threads": args.threads, "model": args.model, "int8": args.int8,
+            "builds": {k: str(v) for k, v in builds.items()}, "rounds": args.rounds, "number": args.number,
+            "repeat": args.repeat, "commit": machine.source_commit(), "date": time.strftime("%Y-%m-%d %H:%M")}
+    md = report(times, meta)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"builds_in_turn_{args.model}{'_int8' if args.int8 else ''}"
+    (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "ms": times}, indent=1))
+    (args.out / f"{stem}.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
