@@ -1,7 +1,7 @@
 """Functions without a reduction (the input's quantize into the packed stem's layout, the
 unpack before the pool) get a space that keeps the output's loops: each point inlines the
 whole function into one parallel nest, and a build from any point is bit for bit the network's
-integer emulation."""
+integer emulation. A task that exhausted an older space searches this one."""
 
 from __future__ import annotations
 
@@ -15,11 +15,15 @@ from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import codegen
 
-from vta_pipeline import emulate, injective_space, int8_dot, intrin_registry
+from vta_pipeline import emulate, injective_space, int8_dot, intrin_registry, tuning
+from vta_pipeline.boards import BoardSpec
 from vta_pipeline.build import LIB, build_network
+from vta_pipeline.config import MeasureConfig, TuneConfig
+from vta_pipeline.extract import load_tasks
 from vta_pipeline.passes.graph_pack import PackParams, graph_pack
 from vta_pipeline.passes.quantize import QuantizeParams, quantize
 from vta_pipeline.relax_pipeline import lower_for_tuning
+from vta_pipeline.trial_log import read_state, task_work_dir
 from vta_pipeline.tuning import design_space
 
 HERE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # AVX2 (what CI runs)
@@ -116,3 +120,26 @@ def test_a_build_from_every_point_is_bit_identical_to_the_emulation(int8_stem_ne
         build_network(tmp_path / "extract", HERE, out, best_db_dir=db_dir)
         vm = relax.VirtualMachine(tvm.runtime.load_module(str(out / LIB)), tvm.cpu())
         assert np.array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), y_emu), f"point {point}"
+
+
+def test_a_task_that_exhausted_an_older_space_searches_this_one(micronet, board, host_target, tmp_path, monkeypatch):
+    # a store tuned before this space: MetaSchedule's one generic schedule of micronet's
+    # reshape, measured, the search exhausted
+    _, extracted = micronet
+    task = next(t for t in load_tasks(extracted.path) if t.name.startswith("reshape"))
+    work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
+    args = (extracted.path / task.file, task.name, task.flops, task.workload_hash, host_target.target_json,
+            BoardSpec(board.host, board.port, board.key, 1), TuneConfig(trials_per_task=8, trials_per_batch=8),
+            MeasureConfig(number=2, repeat=1, timeout_s=60), work)
+    monkeypatch.setattr(tuning, "design_space", lambda target, wl, failures=None: "post-order-apply")
+    monkeypatch.setattr(tuning, "space_label", lambda target, wl: "metaschedule")
+    before = tuning.tune_task(*args)
+    assert (before.trials, before.stopped, read_state(work)["space"]) == (1, "search-exhausted", "metaschedule")
+    monkeypatch.undo()
+
+    after = tuning.tune_task(*args)  # the same budget, a new space: searched, not "finished"
+    assert read_state(work)["space"] == f"injective:{injective_space.VERSION}"
+    assert after.stopped == "search-exhausted" and after.trials_this_run >= 3 and after.trials == 1 + after.trials_this_run
+    assert after.best_latency_ms <= before.best_latency_ms
+    again = tuning.tune_task(*args)  # exhausted this space: stays so
+    assert again.trials_this_run == 0

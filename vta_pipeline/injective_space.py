@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
+VERSION = 1  # in the tuning state's space label: a change of the space searches exhausted tasks again
 MAX_DEPTH = 2  # outer loops fused into the parallel one: more left too little inside
 VECTOR_LANES = 16  # an innermost loop longer than MAX_VECTOR is split into vectors of this
 MAX_VECTOR = 64

@@ -154,6 +154,18 @@ def genetic_iters(round_size: int) -> int:
     return 2 if round_size <= 4 else 4
 
 
+def space_label(target: Any, workload_mod: Any) -> str:
+    """Which design space `design_space` gives the task, and its version: kept in the work
+    dir's state, so that a task whose search exhausted an older space searches the new one
+    (a state without a label predates the labels)."""
+    kind = packed_conv_space.conv_kind(workload_mod, target)
+    if kind is not None:
+        return f"packed-conv:{kind}"
+    if injective_space.applies(workload_mod, target):
+        return f"injective:{injective_space.VERSION}"
+    return "metaschedule"
+
+
 def design_space(target: Any, workload_mod: Any, failures: int8_dot.TensorizeFailures | None = None) -> Any:
     """The search space of one task: NeoCPU's packed-conv space for graph pack's convs on a
     CPU (`packed_conv_space`: float, and uint8 x int8 where the CPU has a dot product), the
@@ -189,11 +201,12 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
         _warm_start(work_dir, task_name, workload_mod, seeds, previous_best_ms, seed_hashes)
     elif library and library[0] and _fresh(work_dir):
         _stage_library(work_dir, task_name, library)
-    stopped = _search(work_dir, task_name, workload_mod, target, board, tune, measure, progress, cross_compiler)
+    space = space_label(target, workload_mod)
+    stopped = _search(work_dir, task_name, workload_mod, target, board, tune, measure, progress, cross_compiler, space)
     threads = _measure_after_search(work_dir, task_name, workload_mod, target, board, measure, tune, cross_compiler)
     lats, session_best, _ = history(work_dir)
     write_state(work_dir, status="finished", task=task_name, budget=tune.trials_per_task, done=len(lats),
-                stopped=stopped)
+                stopped=stopped, space=space)
     return _outcome(work_dir, task_name, workload_hash, flops, stopped, lats, session_best, trials_before,
                     tune.session, previous_best_ms, threads, retimed=tune.retime_top > 1)
 
@@ -251,15 +264,20 @@ def library_candidates(work_dir: Path, workload_mod) -> list:
 
 
 def _search(work_dir: Path, task_name: str, workload_mod, target, board: BoardSpec, tune: TuneConfig,
-            measure: MeasureConfig, progress, cross_compiler: str | None) -> str:
+            measure: MeasureConfig, progress, cross_compiler: str | None, space: str) -> str:
     """Search until the task has its budget of valid trials; returns why it stopped.
 
     Resume accounting comes from the trial log: a task finished at this budget (or a larger
-    one) searches no more, and one that early-stopped or exhausted its search stays so. A
-    round whose measurements failed is made up by the next one, at most MAX_ROUNDS in all."""
+    one) searches no more, and one that early-stopped or exhausted its search stays so,
+    unless what it exhausted was another design space than `space` (`space_label`): a new
+    space has candidates the old one had not. A round whose measurements failed is made up
+    by the next one, at most MAX_ROUNDS in all."""
     state = read_state(work_dir)
     finished = state.get("status") == "finished"
     stopped = state.get("stopped", "budget") if finished else "budget"
+    if finished and stopped == "search-exhausted" and state.get("space") != space:
+        log.info("task %s: exhausted %s, searching %s", task_name, state.get("space", "an earlier space"), space)
+        finished, stopped = False, "budget"
     if finished and state.get("budget", 0) >= tune.trials_per_task:
         return stopped
     failures = int8_dot.TensorizeFailures()
