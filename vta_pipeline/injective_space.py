@@ -42,14 +42,17 @@ FLAT_VECTOR = 64  # MetaSchedule's own schedule of such a function: all loops fu
 
 def applies(workload: Any, target: Any) -> bool:
     """Whether this space schedules `workload` (one PrimFunc module) on `target`: a CPU
-    target, and a function whose every block is spatial and whose producers all inline into
-    the one block that writes its output."""
+    target, and a function whose every block is spatial, whose producers all inline into
+    the one block that writes its output, and whose loops have static extents."""
     if target.kind.name != "llvm":
         return False
     from tvm.s_tir import Schedule
+    from tvm.tirx import IntImm
 
     try:
-        return _output_block(Schedule(workload)) is not None
+        sch = Schedule(workload)
+        out = _output_block(sch)
+        return out is not None and all(isinstance(sch.get(loop).extent, IntImm) for loop in sch.get_loops(out))
     except Exception:  # noqa: BLE001 - a block TIR cannot inline: the generic space takes it
         return False
 

@@ -170,8 +170,8 @@ def design_space(target: Any, workload_mod: Any, failures: int8_dot.TensorizeFai
     """The search space of one task: NeoCPU's packed-conv space for graph pack's convs on a
     CPU (`packed_conv_space`: float, and uint8 x int8 where the CPU has a dot product), the
     output's own loops for a CPU function without a reduction (`injective_space`: layout
-    transforms, quantizes), the dot-product rule for other uint8 x int8 blocks (`int8_dot`), MetaSchedule's generic space
-    for everything else."""
+    transforms, quantizes), the dot-product rule for other uint8 x int8 blocks (`int8_dot`),
+    MetaSchedule's generic space for everything else."""
     kind = packed_conv_space.conv_kind(workload_mod, target)
     if kind is not None:
         return packed_conv_space.space_generator(target, kind, workload_mod)
