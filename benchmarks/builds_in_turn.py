@@ -7,10 +7,12 @@ must be timed in the same minutes as each other and as the reference, or the hos
 (1.4x within minutes here) says more than the change. Each round times every build (the
 best of `--repeat` x `--number` runs through the Relax VM's time evaluator), then ONNX
 Runtime (the best of as many runs, wall clock per run), 0.5 s apart so that no engine's
-thread pool is still spinning when the next starts. Both thread pools spin between kernels
-as they do by default (as `compare.py`'s side-by-side timing): with spinning off, every
-kernel of ours waits for its threads to wake, a cost a deployed network does not pay. The
-medians over rounds, and each build's ratio to ONNX Runtime per round, are what to read.
+thread pool is still spinning when the next starts. The reference is `compare.py`'s own
+(`References`: its export, input and quantization), and both thread pools spin between
+kernels as they do by default (as in `compare.py`'s side-by-side timing): with spinning
+off, every kernel of ours waits for its threads to wake, a cost a deployed network does
+not pay. The medians over rounds, and each build's ratio to ONNX Runtime per round, are
+what to read.
 
     uv run python benchmarks/builds_in_turn.py --model mobilenet_v2 --int8 \\
         --build before=/store/pipeline/steps/build/<key>/model.so \\
@@ -24,34 +26,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from compare import ort_quantize, torch_model
-from conv_gap import ort_session
+from compare import MODELS, References, references
 
 from vta_pipeline import machine
 
 PAUSE_S = 0.5
-
-
-def reference_session(model: str, int8: bool, threads: int, x: np.ndarray):
-    """ONNX Runtime on the torchvision model as compare.py exports it (fp32, or its U8S8 QDQ
-    quantization), spinning between runs as ORT does by default."""
-    import torch
-
-    work = Path(tempfile.mkdtemp())
-    onnx_path = work / f"{model}.onnx"
-    torch.onnx.export(torch_model(model, 0), (torch.from_numpy(x),), str(onnx_path), input_names=["data"],
-                      output_names=["out"], opset_version=17, dynamo=False)
-    if int8:
-        ort_quantize(onnx_path, work / f"{model}.u8s8.onnx", x.shape, 1)
-        onnx_path = work / f"{model}.u8s8.onnx"
-    return ort_session(onnx_path, threads, spin=True)
 
 
 def best_wall_ms(fn: Callable[[], Any], number: int, repeat: int) -> float:
@@ -64,17 +49,21 @@ def best_wall_ms(fn: Callable[[], Any], number: int, repeat: int) -> float:
     return 1e3 * min(times)
 
 
-def in_turn(builds: dict[str, Path], sess, x: np.ndarray, rounds: int, number: int, repeat: int) -> dict[str, list]:
+def in_turn(builds: dict[str, Path], refs: References, engine: str, rounds: int, number: int,
+            repeat: int) -> dict[str, list]:
+    """ms per round of each build and of `engine` (compare.py's reference sessions: the same
+    export, input, quantization and session options the goals are judged with)."""
     import tvm
     from tvm import relax
 
     dev = tvm.cpu()
-    xt = tvm.runtime.tensor(x, dev)
+    xt = tvm.runtime.tensor(refs.feed["data"], dev)
     timers = {}
     for name, lib in builds.items():
         vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib)), dev)
         timers[name] = vm.time_evaluator("main", dev, number=number, repeat=repeat)
-    ort = lambda: sess.run(None, {"data": x})  # noqa: E731
+    sess = refs.session(engine)
+    ort = lambda: sess.run(None, refs.feed)  # noqa: E731
     ort()
     times: dict[str, list[float]] = {k: [] for k in (*builds, "ort")}
     for _ in range(rounds):
@@ -87,7 +76,7 @@ def in_turn(builds: dict[str, Path], sess, x: np.ndarray, rounds: int, number: i
 
 
 def report(times: dict[str, list[float]], meta: dict[str, Any]) -> list[str]:
-    ref = "ONNX Runtime int8 (U8S8 QDQ)" if meta["int8"] else "ONNX Runtime fp32"
+    ref = References.INT8 if meta["int8"] else References.FP32
     md = [f"{meta['model']}{' int8' if meta['int8'] else ' fp32'}: our builds in turn with {ref}, {meta['rounds']} "
           f"rounds (each turn the best of {meta['repeat']} x {meta['number']} runs; ours by the Relax VM's time "
           f"evaluator, ONNX Runtime wall clock per run), {meta['date']}, on {meta.get('cpu', '?')} "
@@ -108,7 +97,8 @@ def report(times: dict[str, list[float]], meta: dict[str, Any]) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="mobilenet_v2", help="the torchvision model the builds were made from")
+    ap.add_argument("--model", default="mobilenet_v2", choices=sorted(MODELS),
+                    help="the torchvision model the builds were made from")
     ap.add_argument("--build", action="append", required=True, metavar="NAME=PATH",
                     help="a build's model.so, named (repeat: two or more)")
     ap.add_argument("--int8", action="store_true", help="compare with ONNX Runtime int8 (U8S8 QDQ), not fp32")
@@ -125,9 +115,9 @@ def main() -> None:
             ap.error(f"--build {item!r}: give NAME=PATH of a built model.so that exists")
         builds[name] = Path(path)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
-    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
-    sess = reference_session(args.model, args.int8, args.threads, x)
-    times = in_turn(builds, sess, x, args.rounds, args.number, args.repeat)
+    refs = references(args.model, args.threads, seed=0)
+    engine = References.INT8 if args.int8 else References.FP32
+    times = in_turn(builds, refs, engine, args.rounds, args.number, args.repeat)
     meta = {**machine.cpu(), "threads": args.threads, "model": args.model, "int8": args.int8,
             "builds": {k: str(v) for k, v in builds.items()}, "rounds": args.rounds, "number": args.number,
             "repeat": args.repeat, "commit": machine.source_commit(), "date": time.strftime("%Y-%m-%d %H:%M")}

@@ -248,9 +248,13 @@ class References:
         ort_quantize(fp32, int8, shape, seed + 1)
         self.sess8 = ort.InferenceSession(str(int8), opts, providers=["CPUExecutionProvider"])
 
+    def session(self, engine: str):
+        """One ONNX Runtime engine's session (FP32 or INT8)."""
+        return {self.FP32: self.sess, self.INT8: self.sess8}[engine]
+
     def runs(self, engine: str, runs: int) -> list[float]:
         """`runs` timed runs (ms) of one ONNX Runtime engine."""
-        sess = {self.FP32: self.sess, self.INT8: self.sess8}[engine]
+        sess = self.session(engine)
         return timed(lambda: sess.run(None, self.feed), runs)
 
     def time(self, runs: int, only: tuple[str, ...] | None = None) -> dict[str, dict[str, float]]:

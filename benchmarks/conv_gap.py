@@ -41,17 +41,16 @@ from vta_pipeline import machine
 SPIN = {"TVM_THREAD_POOL_SPIN_COUNT": "0"}
 
 
-def ort_session(model, threads: int, profile: Path | None = None, spin: bool = False):
+def ort_session(model, threads: int, profile: Path | None = None):
     """An ONNX Runtime session of `model` (an ONNX ModelProto or a file path) on `threads`
-    threads, all graph optimizations on, its thread pool not spinning (see SPIN) unless
-    `spin` (ORT's default); with ORT's profiler writing to files named `profile`* when given."""
+    threads, all graph optimizations on, its thread pool not spinning (see SPIN); with ORT's
+    profiler writing to files named `profile`* when given."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if not spin:
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if profile is not None:
         opts.enable_profiling, opts.profile_file_prefix = True, str(profile)
     source = str(model) if isinstance(model, Path) else model.SerializeToString()

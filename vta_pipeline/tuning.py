@@ -154,16 +154,25 @@ def genetic_iters(round_size: int) -> int:
     return 2 if round_size <= 4 else 4
 
 
+def _space_kind(target: Any, workload_mod: Any) -> tuple[str, str | None]:
+    """Which of our spaces takes the task: ("packed-conv", its conv kind), ("injective", None)
+    or ("metaschedule", None); the one dispatch `design_space` and `space_label` share."""
+    kind = packed_conv_space.conv_kind(workload_mod, target)
+    if kind is not None:
+        return "packed-conv", kind
+    if injective_space.applies(workload_mod, target):
+        return "injective", None
+    return "metaschedule", None
+
+
 def space_label(target: Any, workload_mod: Any) -> str:
     """Which design space `design_space` gives the task, and its version: kept in the work
     dir's state, so that a task whose search exhausted an older space searches the new one
     (a state without a label predates the labels)."""
-    kind = packed_conv_space.conv_kind(workload_mod, target)
-    if kind is not None:
+    space, kind = _space_kind(target, workload_mod)
+    if space == "packed-conv":
         return f"packed-conv:{kind}"
-    if injective_space.applies(workload_mod, target):
-        return f"injective:{injective_space.VERSION}"
-    return "metaschedule"
+    return f"injective:{injective_space.VERSION}" if space == "injective" else space
 
 
 def design_space(target: Any, workload_mod: Any, failures: int8_dot.TensorizeFailures | None = None) -> Any:
@@ -172,10 +181,10 @@ def design_space(target: Any, workload_mod: Any, failures: int8_dot.TensorizeFai
     output's own loops for a CPU function without a reduction (`injective_space`: layout
     transforms, quantizes), the dot-product rule for other uint8 x int8 blocks (`int8_dot`),
     MetaSchedule's generic space for everything else."""
-    kind = packed_conv_space.conv_kind(workload_mod, target)
-    if kind is not None:
+    space, kind = _space_kind(target, workload_mod)
+    if space == "packed-conv":
         return packed_conv_space.space_generator(target, kind, workload_mod)
-    if injective_space.applies(workload_mod, target):
+    if space == "injective":
         return injective_space.space_generator()
     return int8_dot.space_generator(target, workload_mod, failures)
 
