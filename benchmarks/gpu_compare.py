@@ -287,8 +287,8 @@ def tvm_rounds(args, facts: dict[str, Any], res: dict[str, Any], save: Callable[
                 res["tvm"].setdefault("task_seconds", {})[f"{task.name}@{budget}"] = seconds
                 res["tvm"]["in_progress"] = {"trials_per_task": budget,
                                              "best_ms": {t.name: a.meta.get("best_latency_ms") for t, a in tuned}}
-                log(f"  [{i + 1}/{len(tasks)}] {task.name}: best {art.meta.get('best_latency_ms')} ms "
-                    f"({art.meta.get('trials')} trials, {seconds:.0f} s)")
+                log(f"  [{i + 1}/{len(tasks)}] {task.name}: best {art.meta.get('best_latency_ms')} ms, TVM's default "
+                    f"GPU schedule {art.meta.get('default_ms')} ms ({art.meta.get('trials')} trials, {seconds:.0f} s)")
                 save()
             if not tuned and res["tvm"].get("stopped"):
                 break

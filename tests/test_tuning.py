@@ -162,12 +162,35 @@ def test_the_best_records_are_retimed_in_turn_and_pick_best_builds_with_the_fast
     assert (work / retime.RETIMED).read_text() == before
 
 
-@pytest.mark.parametrize("target, measured", [("llvm", True), ("c", True), ("cuda", False), ("opencl", False)])
-def test_a_tasks_default_lowering_is_measured_on_cpus_only(target, measured):
-    """On a GPU the default lowering is one unbound thread (the build gives GPU tasks without
-    a record TVM's default GPU schedules): running it crashed an H200 board's session."""
+@pytest.mark.parametrize("target, measured", [("llvm", True), ("c", True), ("cuda", True), ("opencl", True),
+                                              ("hexagon", False)])
+def test_a_tasks_default_lowering_is_measured_where_the_build_has_one(target, measured):
+    """CPUs compile a task without a record as it is; GPUs through TVM's default GPU
+    schedules. Both are measured, so that a task's few trials never make it slower."""
     import tvm
 
     from vta_pipeline.tuning import measures_default
 
     assert measures_default(tvm.target.Target(target)) is measured
+
+
+def test_a_gpu_tasks_default_lowering_is_the_builds_default_gpu_schedule():
+    """Measured unscheduled, a GPU task is one unbound thread (it crashed an H200 board's
+    session); its default is the network build's: every loop bound to blocks and threads."""
+    import tvm
+    from tvm import te, topi
+
+    from vta_pipeline.build import default_gpu_schedules
+    from vta_pipeline.tuning import default_lowering
+
+    data = te.placeholder((1, 14, 14, 32), name="data")
+    weight = te.placeholder((3, 3, 32, 32), name="weight")
+    out = topi.nn.relu(topi.nn.conv2d_nhwc(data, weight, 1, 1, 1))
+    mod = tvm.IRModule({"main": te.create_prim_func([data, weight, out])})
+    cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90", "max_num_threads": 1024})
+
+    lowered = default_lowering(mod, cuda)
+    assert "blockIdx.x" in lowered.script() and "threadIdx.x" in lowered.script()
+    assert "threadIdx.x" not in mod.script()  # the search's module is left as it was
+    tvm.ir.assert_structural_equal(lowered, default_gpu_schedules(mod, cuda))
+    assert default_lowering(mod, tvm.target.Target("llvm")) is mod
