@@ -22,6 +22,7 @@ Results: compare.json and compare.md in `--out`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -113,6 +114,20 @@ def gpu_timed(fn: Callable[[], Any], runs: int, warmup: int = 10) -> list[float]
     return out
 
 
+@contextlib.contextmanager
+def tf32(allow: bool | None):
+    """PyTorch's cuDNN convolutions with TF32 allowed or not (None: left as it is)."""
+    import torch
+
+    before = torch.backends.cudnn.allow_tf32
+    if allow is not None:
+        torch.backends.cudnn.allow_tf32 = allow
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = before
+
+
 def stats(ms: list[float]) -> dict[str, float]:
     """compare.py's statistics, and the fastest run."""
     return {**compare.stats(ms), "min_ms": float(np.min(ms))}
@@ -139,6 +154,7 @@ class Frameworks:
             self.compiled(self.x)  # compiles here, not in the timed runs
         self.compile_s = time.time() - t0
         self.ort_check: dict[str, Any] = {}
+        self.ort_strict = None
         self.ort, self.ort_note = self._ort(work)
 
     def _ort(self, work: Path):
@@ -166,22 +182,36 @@ class Frameworks:
             sess = ort.InferenceSession(str(path), providers=["CUDAExecutionProvider"])
             if sess.get_providers()[0] != "CUDAExecutionProvider":
                 return None, f"ONNX Runtime fell back to {sess.get_providers()}"
-            self.ort_y = torch.empty(tuple(self.reference().shape), device="cuda")
-            io = sess.io_binding()
-            io.bind_input("data", "cuda", 0, np.float32, list(SHAPE), self.x.data_ptr())
-            io.bind_output("out", "cuda", 0, np.float32, list(self.ort_y.shape), self.ort_y.data_ptr())
-            torch.cuda.synchronize()
-            sess.run_with_iobinding(io)  # the first run picks cuDNN's algorithms
-            torch.cuda.synchronize()
-            self.ort_io = io
+            self.ort_io, ort_y = self._bind(sess)
             self.ort_check = {"version": ort.__version__,
-                              "max_abs_vs_torch_gpu": float((self.ort_y.cpu() - torch.from_numpy(
-                                  self.reference())).abs().max())}
+                              "max_abs_vs_torch_gpu": float((ort_y - torch.from_numpy(self.reference())).abs().max())}
+            try:  # strict fp32 beside it: the CUDA provider may run convolutions on TF32 tensor cores
+                self.ort_strict = ort.InferenceSession(
+                    str(path), providers=[("CUDAExecutionProvider", {"use_tf32": "0"})])
+                self.ort_strict_io, y = self._bind(self.ort_strict)
+                self.ort_check["tf32_off_max_abs_vs_torch_gpu_tf32_off"] = float(
+                    (y - torch.from_numpy(self.reference(allow_tf32=False))).abs().max())
+            except Exception as e:
+                self.ort_strict, self.ort_check["tf32_off"] = None, f"{type(e).__name__}: {str(e)[-300:]}"
             log(f"ONNX Runtime {ort.__version__} on the CUDA provider: {self.ort_check}")
             return sess, ""
         except Exception as e:
             log(f"ONNX Runtime's CUDA provider failed: {type(e).__name__}: {str(e)[-2000:]}")
             return None, f"{type(e).__name__}: {str(e)[-600:]}"
+
+    def _bind(self, sess):
+        """The session's I/O bound to GPU tensors (input: the PyTorch rows' tensor), run once (the
+        first run picks cuDNN's algorithms); returns the binding and that run's output."""
+        import torch
+
+        y = torch.empty(tuple(self.reference().shape), device="cuda")
+        io = sess.io_binding()
+        io.bind_input("data", "cuda", 0, np.float32, list(SHAPE), self.x.data_ptr())
+        io.bind_output("out", "cuda", 0, np.float32, list(y.shape), y.data_ptr())
+        torch.cuda.synchronize()
+        sess.run_with_iobinding(io)
+        torch.cuda.synchronize()
+        return io, y.cpu()
 
     def time(self, runs: int) -> dict[str, dict[str, float]]:
         import torch
@@ -197,12 +227,20 @@ class Frameworks:
                 lambda: self.ort.run_with_iobinding(self.ort_io), runs))
             res["ONNX Runtime fp32 (CUDA provider, numpy in and out)"] = stats(gpu_timed(
                 lambda: self.ort.run(None, feed), runs))
+        # Strict fp32, as TVM's kernels are: PyTorch's cuDNN convolutions may use TF32 by default
+        with torch.inference_mode(), tf32(False):
+            res["PyTorch eager fp32 (NCHW, TF32 off)"] = stats(gpu_timed(lambda: self.model(self.x), runs))
+            res["torch.compile fp32 (inductor, TF32 off)"] = stats(gpu_timed(lambda: self.compiled(self.x), runs))
+        if self.ort is not None and self.ort_strict is not None:
+            res["ONNX Runtime fp32 (CUDA provider, TF32 off)"] = stats(gpu_timed(
+                lambda: self.ort_strict.run_with_iobinding(self.ort_strict_io), runs))
         return res
 
-    def reference(self) -> np.ndarray:
+    def reference(self, allow_tf32: bool = True) -> np.ndarray:
+        """PyTorch's output on the GPU, with its default TF32 setting or with TF32 off."""
         import torch
 
-        with torch.inference_mode():
+        with torch.inference_mode(), tf32(None if allow_tf32 else False):
             return self.model(self.x).float().cpu().numpy()
 
 
@@ -366,7 +404,9 @@ def markdown(res: dict[str, Any]) -> str:
     if res.get("ort_check"):
         c = res["ort_check"]
         lines.append(f"| (ONNX Runtime {c['version']}: input and output bound in GPU memory; largest difference "
-                     f"from PyTorch on the GPU {c['max_abs_vs_torch_gpu']:.2e}) | | | | |")
+                     f"from PyTorch on the GPU {c['max_abs_vs_torch_gpu']:.2e}"
+                     + (f"; with TF32 off in both, {c['tf32_off_max_abs_vs_torch_gpu_tf32_off']:.2e}"
+                        if "tf32_off_max_abs_vs_torch_gpu_tf32_off" in c else "") + ") | | | | |")
     if res.get("ort_note"):
         lines.append(f"| ONNX Runtime fp32 (CUDA provider) | - | - | not run: {res['ort_note']} | - |")
     tvm = res.get("tvm", {})
