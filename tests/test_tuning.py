@@ -193,4 +193,5 @@ def test_a_gpu_tasks_default_lowering_is_the_builds_default_gpu_schedule():
     assert "blockIdx.x" in lowered.script() and "threadIdx.x" in lowered.script()
     assert "threadIdx.x" not in mod.script()  # the search's module is left as it was
     tvm.ir.assert_structural_equal(lowered, default_gpu_schedules(mod, cuda))
+    assert "threadIdx.x" not in mod.script()  # the build's own call schedules a copy too
     assert default_lowering(mod, tvm.target.Target("llvm")) is mod

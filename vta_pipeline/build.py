@@ -22,13 +22,18 @@ GPU_KINDS = ("cuda", "opencl", "vulkan", "metal", "rocm")
 
 
 def default_gpu_schedules(mod, target):
-    """DLight's GPU rules for every function MetaSchedule did not schedule."""
+    """DLight's GPU rules for every function MetaSchedule did not schedule, in a new module.
+
+    DLight replaces the functions of the module it is given: it works on a shallow copy (the
+    functions themselves are immutable), so a caller's module, such as a tuning task's, stays
+    unscheduled."""
+    import tvm
     from tvm.s_tir import dlight as dl
 
     with target:
         return dl.ApplyDefaultSchedule(
             dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback(),
-        )(mod)
+        )(tvm.IRModule(dict(mod.functions), attrs=mod.attrs))
 
 
 def build_network(

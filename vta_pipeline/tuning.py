@@ -500,14 +500,9 @@ def default_lowering(workload_mod, target):
     """The task as the network build lowers it without a record: as it is on a CPU, through
     TVM's default GPU schedules (DLight) on a GPU. The unscheduled function on a GPU is one
     unbound thread: running it crashed an H200 board's session, and the rpc_server with it."""
-    import tvm
-
     from .build import GPU_KINDS, default_gpu_schedules
 
-    if target.kind.name not in GPU_KINDS:
-        return workload_mod
-    # DLight rewrites the module it is given: schedule a copy, the search's module stays as it is
-    return default_gpu_schedules(tvm.ir.load_json(tvm.ir.save_json(workload_mod)), target)
+    return default_gpu_schedules(workload_mod, target) if target.kind.name in GPU_KINDS else workload_mod
 
 
 def measure_default(workload_mod, target, board: BoardSpec, measure: MeasureConfig,
