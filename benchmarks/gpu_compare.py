@@ -182,13 +182,13 @@ class Frameworks:
             sess = ort.InferenceSession(str(path), providers=["CUDAExecutionProvider"])
             if sess.get_providers()[0] != "CUDAExecutionProvider":
                 return None, f"ONNX Runtime fell back to {sess.get_providers()}"
-            self.ort_io, ort_y = self._bind(sess)
-            self.ort_check = {"version": ort.__version__,
-                              "max_abs_vs_torch_gpu": float((ort_y - torch.from_numpy(self.reference())).abs().max())}
+            y_torch = torch.from_numpy(self.reference())
+            self.ort_io, ort_y = self._bind(sess, y_torch.shape)
+            self.ort_check = {"version": ort.__version__, "max_abs_vs_torch_gpu": float((ort_y - y_torch).abs().max())}
             try:  # strict fp32 beside it: the CUDA provider may run convolutions on TF32 tensor cores
                 self.ort_strict = ort.InferenceSession(
                     str(path), providers=[("CUDAExecutionProvider", {"use_tf32": "0"})])
-                self.ort_strict_io, y = self._bind(self.ort_strict)
+                self.ort_strict_io, y = self._bind(self.ort_strict, y_torch.shape)
                 self.ort_check["tf32_off_max_abs_vs_torch_gpu_tf32_off"] = float(
                     (y - torch.from_numpy(self.reference(allow_tf32=False))).abs().max())
             except Exception as e:
@@ -199,12 +199,12 @@ class Frameworks:
             log(f"ONNX Runtime's CUDA provider failed: {type(e).__name__}: {str(e)[-2000:]}")
             return None, f"{type(e).__name__}: {str(e)[-600:]}"
 
-    def _bind(self, sess):
+    def _bind(self, sess, out_shape):
         """The session's I/O bound to GPU tensors (input: the PyTorch rows' tensor), run once (the
         first run picks cuDNN's algorithms); returns the binding and that run's output."""
         import torch
 
-        y = torch.empty(tuple(self.reference().shape), device="cuda")
+        y = torch.empty(tuple(out_shape), device="cuda")
         io = sess.io_binding()
         io.bind_input("data", "cuda", 0, np.float32, list(SHAPE), self.x.data_ptr())
         io.bind_output("out", "cuda", 0, np.float32, list(y.shape), y.data_ptr())
