@@ -767,6 +767,9 @@ def main() -> None:
                     help="the packed rows' stem conv (fp32 packed, int8 x86): packed, its image one channel block "
                          "(graph pack's --pack-stem; int8 rows quantize it and run it on the dot product), or plain "
                          "(NCHW; int8 rows keep it float, relay's skip_conv_layers=[0])")
+    ap.add_argument("--depthwise-dot", default="auto", choices=["auto", "on", "off"],
+                    help="the x86 int8 rows' depthwise convs on the dot product (graph pack's --depthwise-dot: "
+                         "vpermb + vpdpbusd); auto: on where the CPU has AVX512-VNNI and AVX512-VBMI")
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--stock-bare", action="store_true",
                     help="also time a bare loop with MetaSchedule's stock builder, runner and search (4 min "
@@ -785,13 +788,15 @@ def main() -> None:
     # `kill` / a CI timeout: unwind, so that the Prefect server and the boards (children) stop too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    if args.depthwise_dot == "auto":
+        args.depthwise_dot = "on" if {"avx512_vnni", "avx512vbmi"} <= set(machine.cpu()["isa"]) else "off"
 
     t_start = time.time()
     meta = {"commit": machine.source_commit(), "threads": args.threads, "trials_per_task": args.trials,
             "runs": args.runs,
             "allocation": args.allocation, "records_library": args.records_library,
             "blocks": {m: fp32_block(m) for m in MODELS}, "int8_dense": args.int8_dense,
-            "stem": args.stem, "int8_activations": args.int8_activations,
+            "stem": args.stem, "int8_activations": args.int8_activations, "depthwise_dot": args.depthwise_dot,
             **machine.cpu(), "date": time.strftime("%Y-%m-%d %H:%M")}
     previous = args.out / "compare.json"
     if args.resume and previous.exists():
@@ -874,20 +879,24 @@ def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int]
     dense = [] if kind.startswith("fp32") or args.int8_dense == "float" else ["--quantize-dense"]
     stem = [] if args.stem == "plain" else STEM if kind == "fp32-packed" else STEM_INT8 if kind == "x86" else []
     acts = ["--int8-activations"] if kind == "x86" and args.int8_activations == "int8" else []
+    dwdot = ["--depthwise-dot"] if kind == "x86" and args.depthwise_dot == "on" else []
     extra = ["--records-library", args.records_library, *(
         [] if kind == "fp32" else ["--pack", *MODELS[name]["pack"], *stem] if kind == "fp32-packed"
-        else ["--vta", "--pack-layout", kind, *MODELS[name]["int8"], *dense, *stem, *acts])]
+        else ["--vta", "--pack-layout", kind, *MODELS[name]["int8"], *dense, *stem, *acts, *dwdot])]
     label = ({"fp32": FP32_LAYOUTS["nchw"], "fp32-packed": FP32_LAYOUTS["packed"].format(block=fp32_block(name))}
              .get(kind) or INT8_LAYOUTS.get(kind))
     key = {"fp32": "fp32", "fp32-packed": "fp32 packed"}.get(kind, f"int8 {kind}")
     # the int8 classifier, the int8 stem and int8 activations: rows (and curves) of their own
-    kind_key = kind + "+dense" * bool(dense) + "+stem" * bool(stem) + "+int8act" * bool(acts)
+    kind_key = (kind + "+dense" * bool(dense) + "+stem" * bool(stem) + "+int8act" * bool(acts)
+                + "+dwdot" * bool(dwdot))
     if dense:
         label, key = f"{label}, int8 classifier", f"{key} int8-dense"
     if stem:
         label, key = f"{label}, {'int8 ' * (kind == 'x86')}stem packed", f"{key} stem-packed"
     if acts:
         label, key = f"{label}, int8 activations", f"{key} int8-act"
+    if dwdot:
+        label, key = f"{label}, depthwise on the dot product", f"{key} dw-dot"
     for j, trials in enumerate(budgets):  # later budgets continue from the earlier records
         if f"{name}/{kind_key}/{trials}" in res["pipeline_runs"]:  # resumed
             continue

@@ -590,3 +590,75 @@ def test_a_build_with_an_int8_stem_is_bit_identical_to_the_emulation(int8_stem_n
     y_emu, _ = emulate.run(q, [x])
     assert np.abs(y_emu).max() > 0
     assert np.array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), y_emu)
+
+
+# ---- int8 depthwise convs on the dot product (graph pack's depthwise_dot) -------------------------
+ICELAKE = {"kind": "llvm", "mcpu": "icelake-server", "num-cores": 2}  # AVX512-VNNI and VBMI
+host_has_vbmi = bool(codegen.target_has_features(
+    ["avx512vnni", "avx512vbmi"], tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})))
+
+
+def packed_convs(mod):
+    from vta_pipeline.passes.graph import op_sequence
+
+    return [o for o in op_sequence(mod) if o.name == "nn.conv2d" and str(o.call.attrs.data_layout) != "NCHW"]
+
+
+@pytest.fixture(scope="module")
+def depthwise_dot_network(int8_network):
+    q, _, x, _ = int8_network
+    x86, report = graph_pack(q, PackParams(stop_name="nn.relu", stop_name_idx=4, layout="x86", depthwise_dot=True))
+    return q, x86, lower_for_tuning(x86), x, report
+
+
+def test_an_int8_depthwise_conv_on_uint8_data_takes_its_taps_in_fours(int8_network, depthwise_dot_network):
+    q, _, _, _ = int8_network
+    _, x86, lowered, _, report = depthwise_dot_network
+    plain, _ = graph_pack(q, PackParams(stop_name="nn.relu", stop_name_idx=4, layout="x86"))
+    (before,) = [c for c in packed_convs(plain) if int(c.call.attrs.groups) != 1]
+    (after,) = [c for c in packed_convs(x86) if int(c.call.attrs.groups) != 1]
+    assert str(after.call.attrs.kernel_layout) == "OIHW16o4w" and str(after.call.args[0].ty.dtype) == "uint8"
+    w3, w4 = before.call.args[1].value.numpy(), after.call.args[1].value.numpy()  # (C/16,1,3,3,16), (C/16,1,3,1,16,4)
+    assert w4.shape == w3.shape[:3] + (1, 16, 4)
+    assert np.array_equal(w4[:, :, :, 0, :, :3], w3.transpose(0, 1, 2, 4, 3)) and not w4[..., 3].any()
+    pads = [int(p) for p in before.call.attrs.padding]
+    assert [int(p) for p in after.call.attrs.padding] == pads[:3] + [pads[3] + 1]  # the zero tap reads one more column
+    (task,) = [t for t in _tasks(lowered, ICELAKE) if "depthwise_conv2d_dot_packed" in t.task_name]
+    kind = {name: packed_conv_space.conv_kind(task.dispatched[0], tvm.target.Target(spec))
+            for name, spec in (("icelake", ICELAKE), ("cascadelake", CASCADELAKE), ("here", HERE))}
+    # VNNI and VBMI: a row of taps per dot product; VNNI alone or AVX2: the same taps on int32 lanes
+    assert kind == {"icelake": "depthwise_dot", "cascadelake": "depthwise", "here": "depthwise"}, kind
+    for sch in _samples(task.dispatched[0], ICELAKE, 2):
+        assert int8_dot.DEPTHWISE_VNNI in str(sch.trace)
+        assert packed_conv_space.tile_registers(sch, 16) <= 32
+    for sch in _samples(task.dispatched[0], HERE, 1):
+        assert "T.vectorized(T.int64(16))" in sch.mod.script()
+
+
+@pytest.mark.parametrize("seed", [4, 11])
+def test_a_depthwise_dot_build_is_bit_identical_to_the_emulation(depthwise_dot_network, tmp_path, seed):
+    """Built for this CPU: with VNNI and VBMI the depthwise kernel is `vpermb` + `vpdpbusd`
+    (read off the assembly), else the taps in fours on int32 lanes; either way every output
+    equals the integer emulation's."""
+    q, _, lowered, x, _ = depthwise_dot_network
+    if not host_has_avx2:
+        pytest.skip("this CPU has no AVX2: the tensorized module cannot run here")
+    spec, dw = (ICELAKE, "depthwise_dot") if host_has_vbmi else (HERE, "depthwise")
+    for d in ("extract", "out"):
+        (tmp_path / d).mkdir()
+    (tmp_path / "extract" / "lowered.json").write_text(tvm.ir.save_json(lowered))
+    assert _commit_samples(lowered, spec, tmp_path / "db", seed, kinds=("dot", dw)) == 5
+    build_network(tmp_path / "extract", spec, tmp_path / "out", best_db_dir=tmp_path / "db")
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "out" / LIB)), tvm.cpu())
+    y_emu, _ = emulate.run(q, [x])
+    assert np.abs(y_emu).max() > 0
+    assert np.array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), y_emu)
+
+
+def test_the_depthwise_kernel_is_vpermb_and_vpdpbusd(depthwise_dot_network, tmp_path):
+    # only the depthwise task tuned: the module's one dot product is its kernel's (the other
+    # int8 convs keep TVM's default lowering), and no int32 multiply is left in it
+    _, _, lowered, _, _ = depthwise_dot_network
+    assert _commit_samples(lowered, ICELAKE, tmp_path / "db", 3, kinds=("depthwise_dot",)) == 1
+    asm = _tuned_asm(lowered, ICELAKE, tmp_path / "db")
+    assert asm.count("vpermb") >= 3 and asm.count("vpdpbusd") == asm.count("vpermb") and "vpmulld" not in asm

@@ -227,6 +227,10 @@ class PackConfig(_Strict):
                            "image's 3): its input packed as one block (int8: zero-padded to 4 channels, so the stem "
                            "runs on the CPU's dot product; x86 layout) and its output in the block. Start the region "
                            "at the stem: --pack-start nn.conv2d; quantize it: --skip-conv-layers ''.")
+    depthwise_dot: bool = Field(
+        False, description="x86 layout, blocks of 16: int8 depthwise convs whose input is non-negative take the CPU's "
+                           "dot product too (each kernel row padded to 4 taps, OIHW16o4w; vpermb + vpdpbusd where the "
+                           "CPU has AVX512-VNNI and VBMI, else the same taps on int32 lanes, a fourth of them zero).")
 
 
 class BoardConfig(_Strict):

@@ -64,7 +64,7 @@ def _linear(expr, block, axis: int):
 
 
 CONV_BLOCKS = ("conv2d_nchw", "group_conv2d_nchw", "DepthwiseConv2d", "conv2d_packed", "conv2d_dot_packed",
-               "depthwise_conv2d_packed",
+               "depthwise_conv2d_packed", "depthwise_conv2d_dot_packed",
                "conv2d_nhwc", "group_conv2d_nhwc", "depthwise_conv2d_nhwc")
 CONV_OPS = ("conv2d", "depthwise_conv2d", "group_conv2d", "packed_conv2d", "packed_depthwise_conv2d")
 

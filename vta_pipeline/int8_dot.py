@@ -33,6 +33,16 @@ weight would flip to itself; quantize clips weights to +-127 and graph pack refu
 signed-data conv whose weights hold -128). Two more operations per step than the uint8
 form, instead of MetaSchedule's generic space.
 
+The depthwise form (`DEPTHWISE_VNNI`) takes one row of a depthwise conv's taps for 16
+channels, four taps (a 3-tap row padded with a zero weight, graph pack's `depthwise_dot`):
+
+    C[i] += int32(A[k, i]) * int32(B[i, k])     A: 4 taps x 16 channels uint8, B: 16 x 4 int8
+
+A's 64 bytes are 4 consecutive input pixels of the packed data (`NCHW1n16c`), tap-major;
+`vpermb` (AVX512-VBMI) regroups them channel-major, 4 bytes per int32 lane, and one
+`vpdpbusd` adds the row into the 16 sums: 48 multiply-adds per instruction, against a
+sign extension, a `vpmulld` and a `vpaddd` per tap of 16 channels on int32 lanes.
+
 MetaSchedule replays the intrinsic by name (tuning and the tuned build), so `register()`
 must run in both processes; builder workers receive already-lowered candidates. All are
 defined here rather than imported from `tvm.s_tir.tensor_intrin`, whose import parses
@@ -58,6 +68,7 @@ AVX512 = intrinsic_name("avx512")
 AVX2 = intrinsic_name("avx2")
 VNNI_8 = intrinsic_name("vnni", NARROW_LANES)
 AVX2_8 = intrinsic_name("avx2", NARROW_LANES)
+DEPTHWISE_VNNI = "vta_pipeline.depthwise_dot_16x4_vnni"
 # (lanes, isa) pairs registered: 16 lanes on each ISA, 8 lanes on 256-bit registers
 _FORMS = ((LANES, "vnni"), (LANES, "avx512"), (LANES, "avx2"), (NARROW_LANES, "vnni"), (NARROW_LANES, "avx2"))
 
@@ -75,7 +86,45 @@ def register() -> None:
         for signed in (False, True):
             TensorIntrin.register(intrinsic_name(isa, lanes, signed), _desc(lanes, signed),
                                   _impl(lanes, isa, signed), override=True)
+    TensorIntrin.register(DEPTHWISE_VNNI, *_depthwise(), override=True)
     _registered = True
+
+
+def _depthwise() -> tuple[Any, Any]:
+    """The depthwise form's contract and its VNNI + VBMI implementation (see the module doc)."""
+    from tvm.script import tirx as T
+
+    nbytes = 4 * LANES
+
+    @T.prim_func(s_tir=True)
+    def desc(A: T.Buffer((4, 1, LANES), "uint8", offset_factor=1), B: T.Buffer((LANES, 4), "int8", offset_factor=1),
+             C: T.Buffer((LANES,), "int32", offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:LANES], A[0:4, 0:1, 0:LANES], B[0:LANES, 0:4])
+            T.writes(C[0:LANES])
+            for i in T.serial(0, LANES):
+                for k in T.serial(0, 4):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.cast(A[vk, 0, vi], "int32") * T.cast(B[vi, vk], "int32")
+
+    @T.prim_func(s_tir=True)
+    def impl(A: T.Buffer((4, 1, LANES), "uint8", offset_factor=1), B: T.Buffer((LANES, 4), "int8", offset_factor=1),
+             C: T.Buffer((LANES,), "int32", offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:LANES], A[0:4, 0:1, 0:LANES], B[0:LANES, 0:4])
+            T.writes(C[0:LANES])
+            # byte l of the result is tap l % 4 of channel l // 4
+            lane = T.ramp(T.int8(0), T.int8(1), nbytes)
+            index = (lane % T.broadcast(T.int8(4), nbytes)) * T.broadcast(T.int8(LANES), nbytes) + \
+                lane // T.broadcast(T.int8(4), nbytes)
+            taps = T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id("llvm.x86.avx512.permvar.qi.512"),
+                                           A.vload([0, 0, 0], dtype=f"uint8x{nbytes}"), index, dtype=f"int8x{nbytes}")
+            C[T.ramp(0, 1, LANES)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"), C.vload([0], dtype=f"int32x{LANES}"),
+                taps, B.vload([0, 0], dtype=f"int8x{nbytes}"), dtype=f"int32x{LANES}")
+
+    return desc, impl
 
 
 def _desc(lanes: int, signed: bool) -> Any:
@@ -178,6 +227,20 @@ def intrinsic_for(target: Any, lanes: int = LANES, signed: bool = False) -> str 
         if has("avx2"):
             return intrinsic_name("avx2", lanes, signed)
     except Exception:  # noqa: BLE001 - an mcpu LLVM does not know: no tensorization, the default rules
+        return None
+    return None
+
+
+def depthwise_intrinsic_for(target: Any) -> str | None:
+    """The depthwise form's intrinsic where the target's CPU has both VNNI and VBMI, else None."""
+    from tvm.target import codegen
+
+    if target.kind.name != "llvm":
+        return None
+    try:
+        if codegen.target_has_features(["avx512vnni", "avx512vbmi"], target):
+            return DEPTHWISE_VNNI
+    except Exception:  # noqa: BLE001 - an mcpu LLVM does not know
         return None
     return None
 

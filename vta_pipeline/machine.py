@@ -14,7 +14,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-ISA_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "neon", "asimd", "asimddp")
+ISA_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512vbmi", "avx_vnni", "amx_int8", "neon", "asimd",
+             "asimddp")
 """The instruction-set flags that decide which kernels a conv can use."""
 
 

@@ -37,6 +37,7 @@ def pack_params(pack: PackConfig, vta: VTAConfig):
         layout=pack.layout,
         pad_channels=pack.pad_channels,
         stem=pack.stem,
+        depthwise_dot=pack.depthwise_dot,
     )
 
 

@@ -46,7 +46,9 @@ What it applies to (`conv_kind`), on CPU targets: a task whose one reduction blo
 of graph pack: VTA's `conv2d_packed` compute in float32 (graph pack of a float network), the
 x86 layout's `conv2d_dot_packed` (int8 weights, uint8 or int8 data) on a CPU with a
 dot-product intrinsic, a
-packed depthwise conv (same nest, no channel reduction); or a plain NCHW float stem conv (an
+packed depthwise conv (same nest, no channel reduction; int8 over uint8 data with its taps in
+fours, graph pack's `depthwise_dot`, each row of taps is one 16x4 dot product where the CPU
+has VNNI and VBMI, else the same nest on int32 lanes); or a plain NCHW float stem conv (an
 image's few input channels, output channels filling whole vectors: the same nest over 16 or 8
 output lanes). Everything else keeps the spaces it had
 (`tuning.design_space`).
@@ -57,7 +59,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import int8_dot
-from .passes.packed_ops import DOT_CONV, PACKED_CONV, PACKED_DEPTHWISE
+from .passes.packed_ops import DEPTHWISE_DOT, DOT_CONV, PACKED_CONV, PACKED_DEPTHWISE
 
 MAX_REG_N = 8      # output columns per register tile
 MAX_REG_H = 4      # output rows per register tile
@@ -81,16 +83,20 @@ def _conv_block(sch) -> tuple[Any, str] | tuple[None, None]:
     """The workload's conv block and its kind, if it has exactly one this space schedules:
     "float" (packed, float), "dot" (packed, int8 weights times uint8 data, or int8 data where
     graph pack could not prove it non-negative: mobilenet_v2's 1x1 convs after a linear
-    bottleneck), "depthwise" (packed), "nchw" (a plain NCHW float stem conv: at most 4 input
-    channels, output channels in multiples of 8)."""
+    bottleneck), "depthwise" (packed), "depthwise_dot" (packed, taps in fours: the dot product's
+    depthwise form), "nchw" (a plain NCHW float stem conv: at most 4 input channels, output
+    channels in multiples of 8)."""
     found = [(b, sch.get(b)) for b in sch.get_child_blocks(sch.get_sblock("root"))
-             if sch.get(b).name_hint in (PACKED_CONV, DOT_CONV, NCHW_CONV, PACKED_DEPTHWISE)]
+             if sch.get(b).name_hint in (PACKED_CONV, DOT_CONV, NCHW_CONV, PACKED_DEPTHWISE, DEPTHWISE_DOT)]
     if len(found) != 1:
         return None, None
     block, stmt = found[0]
     is_float = str(stmt.writes[0].source.dtype).startswith("float")
     if stmt.name_hint == PACKED_DEPTHWISE:  # any type: int8 products widen to int32 lanes
         return (block, "depthwise") if len(stmt.iter_vars) == 8 else (None, None)
+    if stmt.name_hint == DEPTHWISE_DOT:
+        ok = len(stmt.iter_vars) == 8 and _block_lanes(stmt) == int8_dot.LANES
+        return (block, "depthwise_dot") if ok else (None, None)
     if stmt.name_hint == NCHW_CONV:
         ok = (len(stmt.iter_vars) == 7 and is_float and int(stmt.iter_vars[4].dom.extent) <= MAX_STEM_CHANNELS
               and _nchw_lanes(int(stmt.iter_vars[1].dom.extent)))
@@ -123,6 +129,8 @@ def conv_kind(workload: Any, target: Any) -> str | None:
     block, kind = _conv_block(sch)
     if kind == "dot" and _dot_intrinsic(sch, block, target) is None:
         return None
+    if kind == "depthwise_dot" and int8_dot.depthwise_intrinsic_for(target) is None:
+        return "depthwise"  # the taps in fours on int32 lanes (a fourth of them multiply zeros)
     return kind
 
 
@@ -156,8 +164,11 @@ def schedule(sch, intrin: str | None = None, pixel_tiles: bool = False) -> bool:
     if kind == "nchw":
         _schedule_nchw(sch, conv)
         return True
-    if kind == "depthwise":
+    if kind == "depthwise" or (kind == "depthwise_dot" and intrin is None):
         _schedule_depthwise(sch, conv)
+        return True
+    if kind == "depthwise_dot":
+        _schedule_depthwise_dot(sch, conv, intrin)
         return True
     if pixel_tiles:
         _fuse_pixels(sch, conv)
@@ -271,6 +282,30 @@ def _schedule_depthwise(sch, conv) -> None:
     _sample_unroll(sch)
 
 
+def _schedule_depthwise_dot(sch, conv, intrin: str) -> None:
+    """A packed depthwise conv with its taps in fours: the same tile of output pixels, each
+    pixel's row of taps one dot product (`intrin`) into its 16 lanes. The intrinsic reads
+    whole tiles (no bounds check inside it), so the tile's width divides the output's."""
+    b_o, c_o, oh, ow, b_i, c_i, d_i, d_j = sch.get_loops(conv)
+    oh_o, oh_i = sch.split(oh, sch.sample_perfect_tile(oh, n=2, max_innermost_factor=MAX_REG_H))
+    ow_o, ow_i = sch.split(ow, sch.sample_perfect_tile(ow, n=2, max_innermost_factor=MAX_REG_N))
+    sch.reorder(b_o, c_o, oh_o, ow_o, d_i, oh_i, ow_i, b_i, c_i, d_j)
+    sch.parallel(sch.fuse(b_o, c_o, oh_o))
+    _schedule_producers(sch, conv)
+    for loop in (oh_i, ow_i):
+        sch.unroll(loop)
+    acc = sch.cache_write(conv, 0, "global")  # the intrinsic's accumulator is declared global
+    sch.reverse_compute_at(acc, ow_o, preserve_unit_loops=True)
+    _fuse_epilogue(sch, acc)
+    dot = sch.blockize(c_i)
+    init = sch.decompose_reduction(dot, d_i)
+    (lanes,) = sch.get_child_blocks(init)
+    sch.vectorize(sch.get_loops(lanes)[-1])
+    sch.tensorize(dot, intrin)
+    sch.vectorize(sch.get_loops(acc)[-1])
+    _sample_unroll(sch)
+
+
 def _schedule_nchw(sch, conv) -> None:
     """The same nest for a plain NCHW conv: the output channels split into chunks of 16 (or 8)
     lanes, vectorized; weights re-laid out by RewriteLayout as if packed; the tile written
@@ -358,7 +393,8 @@ def tile_shape(sch) -> tuple[str, int, int, int]:
     from tvm.tirx import ForKind
 
     names = {PACKED_CONV + "_update": "float", DOT_CONV + "_o_update": "dot",
-             NCHW_CONV + "_update": "nchw", PACKED_DEPTHWISE + "_update": "depthwise"}
+             NCHW_CONV + "_update": "nchw", PACKED_DEPTHWISE + "_update": "depthwise",
+             DEPTHWISE_DOT + "_update": "depthwise", DEPTHWISE_DOT + "_o_update": "depthwise_dot"}
     conv = next(b for b in _blocks(sch) if sch.get(b).name_hint in names)
     kind = names[sch.get(conv).name_hint]
     loops = sch.get_loops(conv)
@@ -374,6 +410,8 @@ def tile_shape(sch) -> tuple[str, int, int, int]:
         return kind, ext[-4] * ext[-3] * ext[-1], ext[-2], _block_lanes(sch.get(conv))
     if kind == "nchw":     # yy_i, xx_i, ff chunk, ff lane
         return kind, ext[-4] * ext[-3], ext[-2], ext[-1]
+    if kind == "depthwise_dot":  # oh_i, ow_i, batch lane; the 16 lanes are in the blockized update
+        return kind, ext[-3] * ext[-2] * ext[-1], 1, _block_lanes(sch.get(conv))
     return kind, ext[-4] * ext[-3] * ext[-2], 1, ext[-1]  # depthwise: oh_i, ow_i, batch lane, lanes
 
 
@@ -384,7 +422,7 @@ def tile_registers(sch, lanes: int) -> int:
     input. int8: the accumulators and `DOT_SPARE_REGISTERS` for the dot product's operands."""
     kind, pixels, chunks, chunk_lanes = tile_shape(sch)
     vectors = chunks * -(-chunk_lanes // lanes)  # vectors of output channels in the tile
-    if kind == "dot":
+    if kind in ("dot", "depthwise_dot"):
         return pixels * vectors + DOT_SPARE_REGISTERS
     return pixels * vectors + vectors + 1
 
@@ -433,6 +471,9 @@ def space_generator(target: Any, kind: str, workload: Any = None) -> Any:
         int8_dot.register()
         sch = Schedule(workload)
         intrin = _dot_intrinsic(sch, _conv_block(sch)[0], target)
+    elif kind == "depthwise_dot":
+        int8_dot.register()
+        intrin = int8_dot.depthwise_intrinsic_for(target)
     postprocs = [
         register_limit(target),
         ms.postproc.DisallowDynamicLoop(),

@@ -47,5 +47,9 @@ PadChannelsOpt = Annotated[Optional[bool], typer.Option(
 PackStemOpt = Annotated[Optional[bool], typer.Option(
     "--pack-stem/--no-pack-stem",
     help="Pack the start conv too (its image as one channel block; int8: padded to 4, on the CPU's dot product).")]
+DepthwiseDotOpt = Annotated[Optional[bool], typer.Option(
+    "--depthwise-dot/--no-depthwise-dot",
+    help="x86 layout: int8 depthwise convs on the CPU's dot product too (kernel rows padded to 4 taps; "
+         "vpermb + vpdpbusd with AVX512-VNNI and VBMI).")]
 # the history sub-commands' --json
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON rows instead of a table.")]

@@ -22,6 +22,7 @@ from vta_pipeline.cli.options import (
     OnnxOpt,
     PackLayoutOpt,
     PackStemOpt,
+    DepthwiseDotOpt,
     PadChannelsOpt,
     QuantizeDenseOpt,
     Int8ActivationsOpt,
@@ -90,6 +91,7 @@ def run(
     quantize_dense: QuantizeDenseOpt = None,
     int8_activations: Int8ActivationsOpt = None,
     pack_stem: PackStemOpt = None,
+    depthwise_dot: DepthwiseDotOpt = None,
     session: Annotated[Optional[str], typer.Option(
         help="Tuning session (e.g. tonight's date): a new session tunes a full budget of its own.")] = None,
     warm_start: Annotated[Optional[int], typer.Option(
@@ -127,7 +129,7 @@ def run(
             **_int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode,
                               calibration_data, pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx,
                               bfactor, cfactor, pack_layout, pad_channels, quantize_dense, pack_stem,
-                              int8_activations),
+                              int8_activations, depthwise_dot),
         })
         from vta_pipeline import steps
 

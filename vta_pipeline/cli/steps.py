@@ -23,6 +23,7 @@ from vta_pipeline.cli.options import (
     OnnxOpt,
     PackLayoutOpt,
     PackStemOpt,
+    DepthwiseDotOpt,
     PadChannelsOpt,
     QuantizeDenseOpt,
     Int8ActivationsOpt,
@@ -71,6 +72,7 @@ def tasks_cmd(
     quantize_dense: QuantizeDenseOpt = None,
     int8_activations: Int8ActivationsOpt = None,
     pack_stem: PackStemOpt = None,
+    depthwise_dot: DepthwiseDotOpt = None,
 ):
     """Fetch (quantize, pack) the model and print its tuning tasks, cached in the store like a run's.
     The workload columns are the VTA recipe's; packed tasks count batch = N/b*b, in_filter = C/c*c."""
@@ -87,7 +89,7 @@ def tasks_cmd(
             **_int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode,
                               calibration_data, pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx,
                               bfactor, cfactor, pack_layout, pad_channels, quantize_dense, pack_stem,
-                              int8_activations),
+                              int8_activations, depthwise_dot),
         })
         tgt = resolve_target(cfg.target)
         st = ArtifactStore(cfg.store)

@@ -41,6 +41,14 @@ an 8.62 ms int8 network (ORT's int8 stem: 1.76); quantized as-is, MetaSchedule's
 space for a 3-channel int8 NCHW conv reached 6.08 ms (`intel_sbs_5957b13`); packed for the
 dot product, 0.89 ms at 8 trials/task (`intel_r18_int8_stem_8b8f7d5`, Intel Xeon).
 
+`depthwise_dot` (x86 layout, blocks of 16) lays an int8 depthwise conv whose input is
+provably in [0, 127] out for the CPU's dot product too: each kernel row zero-padded to 4
+taps, `OIHW16o4w`, one more column of right padding for the zero tap to read, the input as
+uint8; a row of taps for 16 channels is then one `vpdpbusd` (`int8_dot`'s depthwise form,
+AVX512-VNNI with AVX512-VBMI's `vpermb`), against three multiplies and three adds per tap
+on int32 lanes. A conv it does not cover (signed input, more than 4 taps a row, blocks of
+8) keeps `OIHW{c}o`.
+
 `start_name_idx` / `stop_name_idx` pick the k-th occurrence of the name (0-based);
 `nn.global_avg_pool2d` also matches Relax's forms of it (`mean` over H and W,
 `nn.adaptive_avg_pool2d` to 1x1). `vta-pipeline pack-points` lists the candidates.
@@ -59,6 +67,7 @@ from ..errors import UserError
 from .graph import OpInfo, Rebuilder, const_value, dtype_of, main_bindings, op_name, op_sequence, shape_of
 from .packed_ops import (
     DOT_REDUCE,
+    depthwise_dot_kernel_layout,
     dot_kernel_layout,
     packed_data_layout,
     packed_depthwise_kernel_layout,
@@ -90,6 +99,7 @@ class PackParams:
     layout: str = "vta"
     pad_channels: bool = False
     stem: bool = False
+    depthwise_dot: bool = False
 
 
 def is_global_avg_pool(op: OpInfo) -> bool:
@@ -396,12 +406,32 @@ class GraphPacker(Rebuilder):
             if o % cf:
                 raise self._fail(op, f"depthwise weight {o}x1x{kh}x{kw}: channels must be divisible by cfactor={cf}"
                                      + self._block_hint(o))
+            if self._depthwise_dot(call, w, x):
+                return self._depthwise_dot_conv(call, w, self._unsigned(call.args[0], x))
             wp = w.reshape(o // cf, cf, 1, kh, kw).transpose(0, 2, 3, 4, 1).copy()
             klayout = packed_depthwise_kernel_layout(cf)
         else:
             raise self._fail(op, f"grouped conv2d with groups={groups} has no packed form (only 1 or depthwise)")
         return relax.op.nn.conv2d(x, relax.const(wp), a.strides, a.padding, a.dilation, groups,
                                   self.layout, klayout, self.layout, out_dtype=a.out_dtype)
+
+    def _depthwise_dot(self, call: Any, w: np.ndarray, x: Any) -> bool:
+        """Whether this depthwise conv takes the dot product's layout (`depthwise_dot`)."""
+        return (self.p.depthwise_dot and self.p.layout == "x86" and self.p.cfactor == 16 and str(w.dtype) == "int8"
+                and w.shape[3] <= DOT_REDUCE and dtype_of(call.args[0]) == "int8"
+                and self.ranges.nonnegative(call.args[0]))
+
+    def _depthwise_dot_conv(self, call: Any, w: np.ndarray, x: Any) -> Any:
+        """The depthwise conv over uint8 data with `OIHW16o4w` weights: each row's taps padded
+        with zeros to 4, and as many more columns of right padding for them to read."""
+        a, cf = call.attrs, self.p.cfactor
+        o, _, kh, kw = w.shape
+        w = np.pad(w, [(0, 0), (0, 0), (0, 0), (0, DOT_REDUCE - kw)])
+        wp = w.reshape(o // cf, cf, 1, kh, 1, DOT_REDUCE).transpose(0, 2, 3, 4, 1, 5).copy()
+        pt, pl, pb, pr = (int(p) for p in a.padding)
+        return relax.op.nn.conv2d(x, relax.const(wp), a.strides, (pt, pl, pb, pr + DOT_REDUCE - kw), a.dilation,
+                                  o, self.layout, depthwise_dot_kernel_layout(cf), self.layout,
+                                  out_dtype=a.out_dtype)
 
     def _stem_conv(self, call: Any, op: OpInfo, w: np.ndarray) -> Any:
         """The stem conv on its input packed as one block (`pack_narrow`), output in the block.

@@ -19,7 +19,14 @@ int8 dot-product instructions (see `int8_dot`). Its compute reads the same sums:
         * kernel[c_o, k_o, d_i, d_j, c_i, k_i]
 
 Depthwise convs (groups == channels, as in mobilenet) have no VTA compute; packed, their
-kernel is `OIHW{c}o` and each output channel reads only its own input channel.
+kernel is `OIHW{c}o` and each output channel reads only its own input channel. The x86
+layout's int8 depthwise convs on uint8 data may instead take `OIHW{c}o4w` (graph pack's
+`depthwise_dot`): each kernel row zero-padded to 4 taps and the taps innermost, so a row of
+one output pixel is one 16-lane x 4-tap dot product (`int8_dot`'s depthwise form); the data
+gains one more column of right padding for the zero tap to read:
+
+    res[b_o, c_o, i, j, b_i, c_i] = sum_{d_i, d_j < 4}
+        pad[b_o, c_o, i*hs + d_i, j*ws + d_j, b_i, c_i] * kernel[c_o, 0, d_i, 0, c_i, d_j]
 Everything else goes to Relax's default conv2d lowering. Integer avg pools are lowered
 with a cast back to their inferred type (TOPI computes them in int64).
 """
@@ -36,6 +43,7 @@ from .graph import shape_of
 PACKED_CONV = "conv2d_packed"
 PACKED_DEPTHWISE = "depthwise_conv2d_packed"
 DOT_CONV = "conv2d_dot_packed"
+DEPTHWISE_DOT = "depthwise_conv2d_dot_packed"
 DOT_REDUCE = 4
 
 
@@ -53,6 +61,10 @@ def dot_kernel_layout(cfactor: int) -> str:
 
 def packed_depthwise_kernel_layout(cfactor: int) -> str:
     return f"OIHW{cfactor}o"
+
+
+def depthwise_dot_kernel_layout(cfactor: int) -> str:
+    return f"OIHW{cfactor}o{DOT_REDUCE}w"
 
 
 def _is_packed(layout: str) -> bool:
@@ -127,6 +139,25 @@ def depthwise_conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding
     )
 
 
+def depthwise_conv2d_dot_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str) -> te.Tensor:
+    """Depthwise conv with each kernel row's taps innermost, in fours: kernel (C/c, 1, kh, 1, c, 4)."""
+    nb, cb, h, w, bn, bc = (int(d) for d in data.shape)
+    kb, _, kh, _, kc, kw = (int(d) for d in kernel.shape)
+    pad, hs, ws, oh, ow = _pad(data, kh, kw, strides, padding)
+    d_i = te.reduce_axis((0, kh), name="d_i")
+    d_j = te.reduce_axis((0, kw), name="d_j")
+    return te.compute(
+        (nb, cb, oh, ow, bn, bc),
+        lambda b_o, c_o, i, j, b_i, c_i: te.sum(
+            pad[b_o, c_o, i * hs + d_i, j * ws + d_j, b_i, c_i].astype(out_dtype)
+            * kernel[c_o, 0, d_i, 0, c_i, d_j].astype(out_dtype),
+            axis=[d_i, d_j],
+        ),
+        name=DEPTHWISE_DOT,
+        tag=DEPTHWISE_DOT,
+    )
+
+
 def _reads_in_fours(call: relax.Call) -> bool:
     """A dot-product conv: its kernel's input block is split in fours (`OIHW{c}o4i` over data
     in blocks of c), or an int8 stem's (`OIHW{c}o4i` over one block of 4 channels)."""
@@ -146,7 +177,9 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> Any:
     out_dtype = str(a.out_dtype)
     if out_dtype in ("", "void"):
         out_dtype = str(call.args[0].ty.dtype)
-    if int(a.groups) != 1:
+    if int(a.groups) != 1 and len(shape_of(call.args[1])) == 6:
+        fn, name = depthwise_conv2d_dot_packed, DEPTHWISE_DOT
+    elif int(a.groups) != 1:
         fn, name = depthwise_conv2d_packed, PACKED_DEPTHWISE
     elif _reads_in_fours(call):
         fn, name = conv2d_dot_packed, DOT_CONV
