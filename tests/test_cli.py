@@ -165,3 +165,20 @@ def test_int8_activation_flags_choose_the_type_of_activations_between_layers():
 
     assert (dtype(None), dtype(True), dtype(False)) == ("int32", "int8", "int32")
     assert (dtype(None, "vta-sim"), dtype(False, "vta-sim")) == ("int8", "int32")
+
+
+def test_the_depthwise_dot_flag_reaches_graph_pack_and_keeps_older_stores_keys(tmp_path):
+    """--depthwise-dot sets pack.depthwise_dot, which graph pack's parameters carry; off (the
+    default), the pack step's key is the one it had before the option existed."""
+    from vta_pipeline.cli.common import _int8_overrides
+    from vta_pipeline.config import build_config
+    from vta_pipeline.pack import pack_params
+    from vta_pipeline.steps import _pack_config
+
+    def cfg(flag):
+        return build_config(None, _int8_overrides(True, *[None] * 13, pack_layout="x86", depthwise_dot=flag))
+
+    on, off = cfg(True), cfg(None)
+    assert pack_params(on.pack, on.vta).depthwise_dot and not pack_params(off.pack, off.vta).depthwise_dot
+    assert "depthwise_dot" in _pack_config(on.pack, on.vta)["pack"]
+    assert "depthwise_dot" not in _pack_config(off.pack, off.vta)["pack"]

@@ -36,11 +36,13 @@ form, instead of MetaSchedule's generic space.
 The depthwise form (`DEPTHWISE_VNNI`) takes one row of a depthwise conv's taps for 16
 channels, four taps (a 3-tap row padded with a zero weight, graph pack's `depthwise_dot`):
 
-    C[i] += int32(A[k, i]) * int32(B[i, k])     A: 4 taps x 16 channels uint8, B: 16 x 4 int8
+    C[i] += int32(A[k, i]) * int32(B[i, k])     A: 4 taps x 16 channels int8 in [0, 127], B: 16 x 4 int8
 
 A's 64 bytes are 4 consecutive input pixels of the packed data (`NCHW1n16c`), tap-major;
 `vpermb` (AVX512-VBMI) regroups them channel-major, 4 bytes per int32 lane, and one
-`vpdpbusd` adds the row into the 16 sums: 48 multiply-adds per instruction, against a
+`vpdpbusd` adds the row into the 16 sums, reading A's bytes as uint8: A is int8 only so that
+the conv that writes it keeps its type, and graph pack uses the form only where it proved
+A's values in [0, 127], where the two types are the same bytes: 48 multiply-adds per instruction, against a
 sign extension, a `vpmulld` and a `vpaddd` per tap of 16 channels on int32 lanes.
 
 MetaSchedule replays the intrinsic by name (tuning and the tuned build), so `register()`
@@ -91,13 +93,14 @@ def register() -> None:
 
 
 def _depthwise() -> tuple[Any, Any]:
-    """The depthwise form's contract and its VNNI + VBMI implementation (see the module doc)."""
+    """The depthwise form's contract and its VNNI + VBMI implementation (see the module doc;
+    A int8, its values in [0, 127])."""
     from tvm.script import tirx as T
 
     nbytes = 4 * LANES
 
     @T.prim_func(s_tir=True)
-    def desc(A: T.Buffer((4, 1, LANES), "uint8", offset_factor=1), B: T.Buffer((LANES, 4), "int8", offset_factor=1),
+    def desc(A: T.Buffer((4, 1, LANES), "int8", offset_factor=1), B: T.Buffer((LANES, 4), "int8", offset_factor=1),
              C: T.Buffer((LANES,), "int32", offset_factor=1)) -> None:
         with T.sblock("root"):
             T.reads(C[0:LANES], A[0:4, 0:1, 0:LANES], B[0:LANES, 0:4])
@@ -109,7 +112,7 @@ def _depthwise() -> tuple[Any, Any]:
                         C[vi] = C[vi] + T.cast(A[vk, 0, vi], "int32") * T.cast(B[vi, vk], "int32")
 
     @T.prim_func(s_tir=True)
-    def impl(A: T.Buffer((4, 1, LANES), "uint8", offset_factor=1), B: T.Buffer((LANES, 4), "int8", offset_factor=1),
+    def impl(A: T.Buffer((4, 1, LANES), "int8", offset_factor=1), B: T.Buffer((LANES, 4), "int8", offset_factor=1),
              C: T.Buffer((LANES,), "int32", offset_factor=1)) -> None:
         with T.sblock("root"):
             T.reads(C[0:LANES], A[0:4, 0:1, 0:LANES], B[0:LANES, 0:4])
@@ -119,7 +122,7 @@ def _depthwise() -> tuple[Any, Any]:
             index = (lane % T.broadcast(T.int8(4), nbytes)) * T.broadcast(T.int8(LANES), nbytes) + \
                 lane // T.broadcast(T.int8(4), nbytes)
             taps = T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id("llvm.x86.avx512.permvar.qi.512"),
-                                           A.vload([0, 0, 0], dtype=f"uint8x{nbytes}"), index, dtype=f"int8x{nbytes}")
+                                           A.vload([0, 0, 0], dtype=f"int8x{nbytes}"), index, dtype=f"int8x{nbytes}")
             C[T.ramp(0, 1, LANES)] = T.call_llvm_pure_intrin(
                 T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"), C.vload([0], dtype=f"int32x{LANES}"),
                 taps, B.vload([0, 0], dtype=f"int8x{nbytes}"), dtype=f"int32x{LANES}")

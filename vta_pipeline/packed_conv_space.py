@@ -46,7 +46,7 @@ What it applies to (`conv_kind`), on CPU targets: a task whose one reduction blo
 of graph pack: VTA's `conv2d_packed` compute in float32 (graph pack of a float network), the
 x86 layout's `conv2d_dot_packed` (int8 weights, uint8 or int8 data) on a CPU with a
 dot-product intrinsic, a
-packed depthwise conv (same nest, no channel reduction; int8 over uint8 data with its taps in
+packed depthwise conv (same nest, no channel reduction; int8 over non-negative data with its taps in
 fours, graph pack's `depthwise_dot`, each row of taps is one 16x4 dot product where the CPU
 has VNNI and VBMI, else the same nest on int32 lanes); or a plain NCHW float stem conv (an
 image's few input channels, output channels filling whole vectors: the same nest over 16 or 8

@@ -43,11 +43,12 @@ dot product, 0.89 ms at 8 trials/task (`intel_r18_int8_stem_8b8f7d5`, Intel Xeon
 
 `depthwise_dot` (x86 layout, blocks of 16) lays an int8 depthwise conv whose input is
 provably in [0, 127] out for the CPU's dot product too: each kernel row zero-padded to 4
-taps, `OIHW16o4w`, one more column of right padding for the zero tap to read, the input as
-uint8; a row of taps for 16 channels is then one `vpdpbusd` (`int8_dot`'s depthwise form,
-AVX512-VNNI with AVX512-VBMI's `vpermb`), against three multiplies and three adds per tap
-on int32 lanes. A conv it does not cover (signed input, more than 4 taps a row, blocks of
-8) keeps `OIHW{c}o`.
+taps, `OIHW16o4w`, one more column of right padding for the zero tap to read; a row of taps
+for 16 channels is then one `vpdpbusd` (`int8_dot`'s depthwise form, AVX512-VNNI with
+AVX512-VBMI's `vpermb`), against a widening, a multiply and an add per tap on int32 lanes.
+The input stays int8 (the same bytes as uint8 in [0, 127]; a cast would change the workload
+of the conv that writes it, and void a store's records of that conv). A conv it does not
+cover (signed input, more than 4 taps a row, blocks of 8) keeps `OIHW{c}o`.
 
 `start_name_idx` / `stop_name_idx` pick the k-th occurrence of the name (0-based);
 `nn.global_avg_pool2d` also matches Relax's forms of it (`mean` over H and W,
@@ -407,7 +408,7 @@ class GraphPacker(Rebuilder):
                 raise self._fail(op, f"depthwise weight {o}x1x{kh}x{kw}: channels must be divisible by cfactor={cf}"
                                      + self._block_hint(o))
             if self._depthwise_dot(call, w, x):
-                return self._depthwise_dot_conv(call, w, self._unsigned(call.args[0], x))
+                return self._depthwise_dot_conv(call, w, x)
             wp = w.reshape(o // cf, cf, 1, kh, kw).transpose(0, 2, 3, 4, 1).copy()
             klayout = packed_depthwise_kernel_layout(cf)
         else:
@@ -422,8 +423,11 @@ class GraphPacker(Rebuilder):
                 and self.ranges.nonnegative(call.args[0]))
 
     def _depthwise_dot_conv(self, call: Any, w: np.ndarray, x: Any) -> Any:
-        """The depthwise conv over uint8 data with `OIHW16o4w` weights: each row's taps padded
-        with zeros to 4, and as many more columns of right padding for them to read."""
+        """The depthwise conv with `OIHW16o4w` weights: each row's taps padded with zeros to 4,
+        and as many more columns of right padding for them to read. Its data keeps its int8
+        type: its values are in [0, 127], where int8 and uint8 are the same bytes, so the conv
+        that writes them keeps its workload (and a store's records of it) and the dot product
+        reads them as uint8."""
         a, cf = call.attrs, self.p.cfactor
         o, _, kh, kw = w.shape
         w = np.pad(w, [(0, 0), (0, 0), (0, 0), (0, DOT_REDUCE - kw)])

@@ -20,7 +20,7 @@ int8 dot-product instructions (see `int8_dot`). Its compute reads the same sums:
 
 Depthwise convs (groups == channels, as in mobilenet) have no VTA compute; packed, their
 kernel is `OIHW{c}o` and each output channel reads only its own input channel. The x86
-layout's int8 depthwise convs on uint8 data may instead take `OIHW{c}o4w` (graph pack's
+layout's int8 depthwise convs on non-negative data may instead take `OIHW{c}o4w` (graph pack's
 `depthwise_dot`): each kernel row zero-padded to 4 taps and the taps innermost, so a row of
 one output pixel is one 16-lane x 4-tap dot product (`int8_dot`'s depthwise form); the data
 gains one more column of right padding for the zero tap to read:
