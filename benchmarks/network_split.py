@@ -42,6 +42,8 @@ from vta_pipeline import machine
 
 def our_kind(name: str) -> str:
     """The kind of one of our network's functions (a fused kernel or a VM builtin)."""
+    if "depthwise_conv2d_dot_packed" in name:
+        return "depthwise conv (dot product)"
     if "dot_packed" in name:
         return "int8 conv (dot product)"
     if "depthwise_conv2d_packed" in name:
