@@ -40,10 +40,11 @@ channels, four taps (a 3-tap row padded with a zero weight, graph pack's `depthw
 
 A's 64 bytes are 4 consecutive input pixels of the packed data (`NCHW1n16c`), tap-major;
 `vpermb` (AVX512-VBMI) regroups them channel-major, 4 bytes per int32 lane, and one
-`vpdpbusd` adds the row into the 16 sums, reading A's bytes as uint8: A is int8 only so that
-the conv that writes it keeps its type, and graph pack uses the form only where it proved
-A's values in [0, 127], where the two types are the same bytes: 48 multiply-adds per instruction, against a
-sign extension, a `vpmulld` and a `vpaddd` per tap of 16 channels on int32 lanes.
+`vpdpbusd` adds the row into the 16 sums: 48 multiply-adds per instruction, against a sign
+extension, a `vpmulld` and a `vpaddd` per tap of 16 channels on int32 lanes. `vpdpbusd`
+reads A's bytes as uint8; A is int8 only so that the conv that writes it keeps its type, and
+graph pack uses the form only where it proved A's values in [0, 127], where the two types
+are the same bytes.
 
 MetaSchedule replays the intrinsic by name (tuning and the tuned build), so `register()`
 must run in both processes; builder workers receive already-lowered candidates. All are
