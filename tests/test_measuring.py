@@ -147,9 +147,14 @@ def test_the_flows_evaluation_agrees_with_a_quiet_retime(micronet, host_target, 
                                       min_repeat_ms=1000)
             pairs.append((ev.meta["min_ms"], quiet.min_ms))
             # the fastest repeats, as above: a CI run of 481b682 saw the flow's mean 0.51 ms
-            # against a retime whose median was 0.68 and whose fastest repeat was 0.52
-            if 0.9 <= ev.meta["min_ms"] / quiet.min_ms <= 1.1:
+            # against a retime whose median was 0.68 and whose fastest repeat was 0.52. And
+            # the fastest of the attempts on each side: the host's bursts only slow a
+            # measurement, so a CI run of a1e05ab saw the pairs (0.68, 0.59), (0.53, 0.67),
+            # (0.70, 0.55) ms, out of the band in both directions, while the fastest of each
+            # side, 0.53 and 0.55, agree; a bias would keep the flow's fastest off.
+            ratio = min(f for f, _ in pairs) / min(q for _, q in pairs)
+            if 0.9 <= ratio <= 1.1:
                 break
     print("flow, quiet (ms) per attempt:", pairs)
     assert ev.meta["threads"] == os.cpu_count() and ev.meta["number"] > 1
-    assert 0.9 <= ev.meta["min_ms"] / quiet.min_ms <= 1.1, pairs  # (flow, quiet) ms per attempt
+    assert 0.9 <= ratio <= 1.1, pairs  # (flow, quiet) ms per attempt
