@@ -211,11 +211,7 @@ def schedule(sch, intrin: str | None = None, pixel_tiles: bool = False) -> bool:
         init = sch.decompose_reduction(conv, k_o)
         sch.vectorize(sch.get_loops(init)[-1])
     else:
-        dot = sch.blockize(c_i)
-        init = sch.decompose_reduction(dot, k_o)
-        (lanes,) = sch.get_child_blocks(init)  # the init of the lanes, inside the blockized one
-        sch.vectorize(sch.get_loops(lanes)[-1])
-        sch.tensorize(dot, intrin)
+        _tensorize_lanes(sch, c_i, k_o, intrin)
     sch.vectorize(sch.get_loops(acc)[-1])
     _sample_unroll(sch)
     return True
@@ -297,13 +293,20 @@ def _schedule_depthwise_dot(sch, conv, intrin: str) -> None:
     acc = sch.cache_write(conv, 0, "global")  # the intrinsic's accumulator is declared global
     sch.reverse_compute_at(acc, ow_o, preserve_unit_loops=True)
     _fuse_epilogue(sch, acc)
-    dot = sch.blockize(c_i)
-    init = sch.decompose_reduction(dot, d_i)
+    _tensorize_lanes(sch, c_i, d_i, intrin)
+    sch.vectorize(sch.get_loops(acc)[-1])
+    _sample_unroll(sch)
+
+
+def _tensorize_lanes(sch, lanes_loop, reduction_outer, intrin: str) -> None:
+    """The loops from `lanes_loop` in (the lanes x the intrinsic's reduction) made one block and
+    tensorized with `intrin`; its zeroing split off above `reduction_outer`, and the init of the
+    lanes (inside the blockized one) vectorized."""
+    dot = sch.blockize(lanes_loop)
+    init = sch.decompose_reduction(dot, reduction_outer)
     (lanes,) = sch.get_child_blocks(init)
     sch.vectorize(sch.get_loops(lanes)[-1])
     sch.tensorize(dot, intrin)
-    sch.vectorize(sch.get_loops(acc)[-1])
-    _sample_unroll(sch)
 
 
 def _schedule_nchw(sch, conv) -> None:

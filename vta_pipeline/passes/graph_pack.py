@@ -407,7 +407,7 @@ class GraphPacker(Rebuilder):
             if o % cf:
                 raise self._fail(op, f"depthwise weight {o}x1x{kh}x{kw}: channels must be divisible by cfactor={cf}"
                                      + self._block_hint(o))
-            if self._depthwise_dot(call, w, x):
+            if self._depthwise_dot(call, w):
                 return self._depthwise_dot_conv(call, w, x)
             wp = w.reshape(o // cf, cf, 1, kh, kw).transpose(0, 2, 3, 4, 1).copy()
             klayout = packed_depthwise_kernel_layout(cf)
@@ -416,11 +416,10 @@ class GraphPacker(Rebuilder):
         return relax.op.nn.conv2d(x, relax.const(wp), a.strides, a.padding, a.dilation, groups,
                                   self.layout, klayout, self.layout, out_dtype=a.out_dtype)
 
-    def _depthwise_dot(self, call: Any, w: np.ndarray, x: Any) -> bool:
+    def _depthwise_dot(self, call: Any, w: np.ndarray) -> bool:
         """Whether this depthwise conv takes the dot product's layout (`depthwise_dot`)."""
         return (self.p.depthwise_dot and self.p.layout == "x86" and self.p.cfactor == 16 and str(w.dtype) == "int8"
-                and w.shape[3] <= DOT_REDUCE and dtype_of(call.args[0]) == "int8"
-                and self.ranges.nonnegative(call.args[0]))
+                and w.shape[3] <= DOT_REDUCE and self._int8_in_0_127(call.args[0]))
 
     def _depthwise_dot_conv(self, call: Any, w: np.ndarray, x: Any) -> Any:
         """The depthwise conv with `OIHW16o4w` weights: each row's taps padded with zeros to 4,
@@ -460,9 +459,13 @@ class GraphPacker(Rebuilder):
                                   packed_data_layout(self.p.bfactor, pi), f"OIHW{cf}o{r}i", self.layout,
                                   out_dtype=a.out_dtype)
 
+    def _int8_in_0_127(self, arg: Any) -> bool:
+        """Whether `arg` is int8 with values provably in [0, 127] (the same bytes as uint8)."""
+        return dtype_of(arg) == "int8" and self.ranges.nonnegative(arg)
+
     def _unsigned(self, arg: Any, packed: Any) -> Any:
         """The packed int8 conv input as uint8 when its values are provably in [0, 127]."""
-        if dtype_of(arg) != "int8" or not self.ranges.nonnegative(arg):
+        if not self._int8_in_0_127(arg):
             return packed
         if arg not in self.unsigned:
             self.unsigned[arg] = self.emit(relax.op.astype(packed, "uint8"), "as_uint8")

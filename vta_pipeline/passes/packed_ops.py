@@ -120,10 +120,11 @@ def conv2d_dot_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_
                         lambda k_o, k_i, bc, bi: (k_o // (bc // bi), (k_o % (bc // bi)) * bi + k_i), DOT_CONV)
 
 
-def depthwise_conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str) -> te.Tensor:
-    """Depthwise conv on packed data: kernel (C/c, 1, kh, kw, c)."""
-    nb, cb, h, w, bn, bc = (int(d) for d in data.shape)
-    kb, _, kh, kw, kc = (int(d) for d in kernel.shape)
+def _depthwise_conv(data: te.Tensor, kernel: te.Tensor, kh: int, kw: int, weight, strides, padding,
+                    out_dtype: str, name: str) -> te.Tensor:
+    """The depthwise sum over (d_i, d_j) of a kh x kw kernel; `weight(c_o, d_i, d_j, c_i)` is the
+    kernel's element for those indices in its layout."""
+    nb, cb, _, _, bn, bc = (int(d) for d in data.shape)
     pad, hs, ws, oh, ow = _pad(data, kh, kw, strides, padding)
     d_i = te.reduce_axis((0, kh), name="d_i")
     d_j = te.reduce_axis((0, kw), name="d_j")
@@ -131,31 +132,26 @@ def depthwise_conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding
         (nb, cb, oh, ow, bn, bc),
         lambda b_o, c_o, i, j, b_i, c_i: te.sum(
             pad[b_o, c_o, i * hs + d_i, j * ws + d_j, b_i, c_i].astype(out_dtype)
-            * kernel[c_o, 0, d_i, d_j, c_i].astype(out_dtype),
+            * weight(c_o, d_i, d_j, c_i).astype(out_dtype),
             axis=[d_i, d_j],
         ),
-        name=PACKED_DEPTHWISE,
-        tag=PACKED_DEPTHWISE,
+        name=name,
+        tag=name,
     )
+
+
+def depthwise_conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str) -> te.Tensor:
+    """Depthwise conv on packed data: kernel (C/c, 1, kh, kw, c)."""
+    _, _, kh, kw, _ = (int(d) for d in kernel.shape)
+    return _depthwise_conv(data, kernel, kh, kw, lambda c_o, d_i, d_j, c_i: kernel[c_o, 0, d_i, d_j, c_i],
+                           strides, padding, out_dtype, PACKED_DEPTHWISE)
 
 
 def depthwise_conv2d_dot_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str) -> te.Tensor:
     """Depthwise conv with each kernel row's taps innermost, in fours: kernel (C/c, 1, kh, 1, c, 4)."""
-    nb, cb, h, w, bn, bc = (int(d) for d in data.shape)
-    kb, _, kh, _, kc, kw = (int(d) for d in kernel.shape)
-    pad, hs, ws, oh, ow = _pad(data, kh, kw, strides, padding)
-    d_i = te.reduce_axis((0, kh), name="d_i")
-    d_j = te.reduce_axis((0, kw), name="d_j")
-    return te.compute(
-        (nb, cb, oh, ow, bn, bc),
-        lambda b_o, c_o, i, j, b_i, c_i: te.sum(
-            pad[b_o, c_o, i * hs + d_i, j * ws + d_j, b_i, c_i].astype(out_dtype)
-            * kernel[c_o, 0, d_i, 0, c_i, d_j].astype(out_dtype),
-            axis=[d_i, d_j],
-        ),
-        name=DEPTHWISE_DOT,
-        tag=DEPTHWISE_DOT,
-    )
+    _, _, kh, _, _, kw = (int(d) for d in kernel.shape)
+    return _depthwise_conv(data, kernel, kh, kw, lambda c_o, d_i, d_j, c_i: kernel[c_o, 0, d_i, 0, c_i, d_j],
+                           strides, padding, out_dtype, DEPTHWISE_DOT)
 
 
 def _reads_in_fours(call: relax.Call) -> bool:
