@@ -132,10 +132,11 @@ def kept_record(task: dict[str, Any]):
     applied to the workload (a Schedule): what the tuner measured and the build used."""
     import tvm
     from tvm.s_tir import Schedule
-    from tvm.s_tir import meta_schedule as ms
+
+    from vta_pipeline.task_database import open_database
 
     workload = tvm.ir.load_json(Path(task["tir"]).read_text())
-    db = ms.database.JSONDatabase(work_dir=task["work_dir"])
+    db = open_database(task["work_dir"])
     (best,) = db.get_top_k(db.commit_workload(workload), 1)
     sch = Schedule(workload)
     best.trace.apply_to_schedule(sch, remove_postproc=False)

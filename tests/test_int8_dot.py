@@ -10,6 +10,10 @@ numpy integer emulation of the quantized network.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -268,6 +272,27 @@ def _asm(spec, tmp_path) -> str:
         scheduled = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(lowered)
     ex = tvm.compile(scheduled, target=target)
     return ex.mod.imports[0].inspect_source("asm") if ex.mod.imports else ex.mod.inspect_source("asm")
+
+
+def test_tensorized_records_open_in_a_fresh_process(blocks, tmp_path):
+    """A resumed night opens each task's database in a new process, often before anything
+    there has built a design space (its graph pack and task extraction come from the cache).
+    The records name our intrinsics, which TVM looks up as it parses them: the library opens
+    every database with them registered (`task_database.open_database`)."""
+    q, _ = blocks
+    x86, _ = graph_pack(q, PackParams(stop_name="nn.relu", stop_name_idx=4, layout="x86"))
+    n = sampled_database(lower_for_tuning(x86), HERE, tmp_path)
+    assert n > 0 and "vta_pipeline.dot_16x4" in (tmp_path / "database_tuning_record.json").read_text()
+    opened = subprocess.run(
+        [sys.executable, "-c", "import sys; from vta_pipeline.task_database import open_database; "
+                               "print(len(open_database(sys.argv[1]).get_all_tuning_records()))", str(tmp_path)],
+        capture_output=True, text=True, timeout=300)
+    assert opened.returncode == 0, opened.stderr[-2000:]
+    assert int(opened.stdout.split()[-1]) == n
+    # and nothing in the library opens one another way
+    others = [p.name for p in sorted(Path(int8_dot.__file__).parent.rglob("*.py"))
+              if "JSONDatabase(" in p.read_text() and p.name != "task_database.py"]
+    assert not others, f"{others} open a MetaSchedule database without task_database.open_database"
 
 
 @pytest.mark.skipif(not host_has_avx2, reason="this CPU has no AVX2: the tensorized module cannot run here")

@@ -58,12 +58,10 @@ def build_network(
 
         mod, vta_applied = with_knobs(mod, {k: Knobs(**v) for k, v in vta_knobs.items()})
     if best_db_dir is not None:
-        from . import int8_dot
         from .records import open_db
         from .relax_pipeline import prepack_weights
 
-        int8_dot.register()  # tensorized records replay by the intrinsic's name
-        db = open_db(best_db_dir)
+        db = open_db(best_db_dir)  # with the intrinsics that tensorized records name registered
         with target, db:
             mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
         mod = prepack_weights(mod)

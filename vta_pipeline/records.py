@@ -17,15 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from . import retime
+from .task_database import open_database
 
 STEP = "pick_best"
 VERSION = 3  # 3: a task's re-timed winner (retime.py) in place of its recorded best
 
 
 def open_db(path: Path):
-    from tvm.s_tir import meta_schedule as ms
-
-    return ms.database.JSONDatabase(work_dir=str(path), allow_missing=False)
+    """A database that must exist (a task's, or pick best's merged one), intrinsics registered."""
+    return open_database(path, allow_missing=False)
 
 
 def pick_best(tune_dirs: list[Path], out_dir: Path) -> dict[str, Any]:
@@ -33,7 +33,7 @@ def pick_best(tune_dirs: list[Path], out_dir: Path) -> dict[str, Any]:
     (the re-timed winner where the task has one)."""
     from tvm.s_tir import meta_schedule as ms
 
-    merged = ms.database.JSONDatabase(work_dir=str(out_dir))
+    merged = open_database(out_dir)
     summary = []
     for d in tune_dirs:
         s = json.loads((Path(d) / "summary.json").read_text())

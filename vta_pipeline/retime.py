@@ -31,7 +31,7 @@ from . import pools
 from .boards import BoardSpec
 from .config import MeasureConfig
 from .store import atomic_write_text
-from .task_database import plain_json
+from .task_database import open_database, plain_json
 from .trial_log import fastest_secs, mean_secs
 
 log = logging.getLogger("vta_pipeline")
@@ -71,7 +71,7 @@ def retime_top(work_dir: Path, task_name: str, workload_mod, target, board: Boar
     done = current(work_dir)
     if done and (done["top"], done["rounds"], done.get("within")) == (top, rounds, within):
         return done  # before the database is read: a resumed task re-times nothing
-    db = ms.database.JSONDatabase(work_dir=str(work_dir))
+    db = open_database(work_dir)
     records = db.get_top_k(db.commit_workload(workload_mod), top)
     if records:
         best = mean_secs(records[0].run_secs)

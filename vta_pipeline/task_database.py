@@ -14,11 +14,27 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from . import int8_dot
 from .store import atomic_write_text
 from .trial_log import read_trials
 from .workload_keys import HASH_MASK  # schedule hashes as unsigned 64-bit, as the trial log writes them
 
 log = logging.getLogger(__name__)
+
+
+def open_database(work_dir: Path, allow_missing: bool = True):
+    """The task's (or a merged) MetaSchedule JSON database, with our tensor intrinsics
+    registered first.
+
+    Opening the database parses every record's trace, and a tensorized trace names its
+    intrinsic (`vta_pipeline.dot_16x4_vnni`, `vta_pipeline.depthwise_dot_16x4_vnni`), which
+    TVM looks up in its registry there and then: in a fresh process (a resumed night whose
+    graph pack came from the cache) an unregistered name fails the task before it searches.
+    Every database of ours is opened here, never with `JSONDatabase` directly."""
+    from tvm.s_tir import meta_schedule as ms
+
+    int8_dot.register()
+    return ms.database.JSONDatabase(work_dir=str(work_dir), allow_missing=allow_missing)
 
 
 def record_json(candidate, workload, run_secs, target) -> Any:

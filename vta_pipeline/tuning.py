@@ -39,7 +39,7 @@ from .errors import BoardError
 from .progress import publish
 from .search_hooks import make_guarded_search, make_log_callback
 from .store import atomic_write_text
-from .task_database import known_hashes, repair_database, seed_database
+from .task_database import known_hashes, open_database, repair_database, seed_database
 from .trial_log import (FAILED, history, last_threads, mean_secs, read_default_ms, read_state, read_trials,
                         write_state)
 
@@ -197,13 +197,11 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
                  progress, seeds, previous_best_ms, cross_compiler, seed_hashes, library) -> TuneOutcome:
     """tune_task's body, under the work dir's lock: repair, warm start, search, default, outcome."""
     import tvm
-    from tvm.s_tir import meta_schedule as ms
 
     for msg in repair_database(work_dir):
         log.warning("task %s: %s", task_name, msg)
-    ms.database.JSONDatabase(work_dir=str(work_dir))  # its files exist from here on, searched or not
+    open_database(work_dir)  # its files exist from here on, searched or not
     target = tvm.target.Target(target_spec)
-    int8_dot.register()  # tensorized records replay by the intrinsic's name
     workload_mod = tvm.ir.load_json(Path(task_file).read_text())
     trials_before = len(read_trials(work_dir))
     if seeds and _fresh(work_dir):
@@ -229,9 +227,7 @@ def _fresh(work_dir: Path) -> bool:
 def _warm_start(work_dir: Path, task_name: str, workload_mod, seeds: list[Any], previous_best_ms: float | None,
                 seed_hashes: list[str]) -> None:
     """Seed a fresh work dir with earlier sessions' records (see `task_database.seed_database`)."""
-    from tvm.s_tir import meta_schedule as ms
-
-    seeded = seed_database(ms.database.JSONDatabase(work_dir=str(work_dir)), workload_mod, seeds)
+    seeded = seed_database(open_database(work_dir), workload_mod, seeds)
     atomic_write_text(work_dir / "warm_start.json",
                       json.dumps({"seeded": seeded, "previous_best_ms": previous_best_ms,
                                   "schedule_hashes": list(seed_hashes)}))
@@ -348,7 +344,7 @@ def _search_round(work_dir: Path, task_name: str, workload_mod, target, board: B
     """One MetaSchedule `tune_tasks` call over this task for the remaining budget; returns its guard."""
     from tvm.s_tir import meta_schedule as ms
 
-    db = ms.database.JSONDatabase(work_dir=str(work_dir))
+    db = open_database(work_dir)
     round_size = min(tune.trials_per_batch, remaining)  # a last round of 2 is not sized for 8
     inner = (
         ms.search_strategy.EvolutionarySearch(population_size=population_size(round_size),
