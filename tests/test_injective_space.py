@@ -142,5 +142,7 @@ def test_a_task_that_exhausted_an_older_space_searches_this_one(micronet, board,
     assert after.stopped == "search-exhausted" and after.trials_this_run >= 3
     assert after.trials == 1 + after.trials_this_run
     assert after.best_latency_ms <= before.best_latency_ms
-    again = tuning.tune_task(*args)  # exhausted this space: stays so
-    assert again.trials_this_run == 0
+    bigger = list(args)
+    bigger[6] = TuneConfig(trials_per_task=16, trials_per_batch=8)
+    again = tuning.tune_task(*bigger)  # exhausted this space: stays so, at any budget
+    assert again.trials_this_run == 0 and again.stopped == "search-exhausted"

@@ -10,6 +10,7 @@ numpy integer emulation of the quantized network.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,7 @@ from vta_pipeline.passes.graph import op_sequence
 from vta_pipeline.passes.graph_pack import PackError, PackParams, graph_pack
 from vta_pipeline.passes.quantize import QuantizeParams, quantize
 from vta_pipeline.relax_pipeline import lower_for_tuning
+from vta_pipeline.task_database import open_database
 
 HERE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # AVX2 (what CI and this machine run)
 CASCADELAKE = {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}  # AVX512-VNNI: compiled, not run
@@ -274,18 +276,26 @@ def _asm(spec, tmp_path) -> str:
     return ex.mod.imports[0].inspect_source("asm") if ex.mod.imports else ex.mod.inspect_source("asm")
 
 
-def test_tensorized_records_open_in_a_fresh_process(blocks, tmp_path):
+@pytest.fixture(scope="module")
+def tensorized_db(blocks, tmp_path_factory):
+    """A database of sampled tensorized records (our dot-product intrinsics), and its count."""
+    q, _ = blocks
+    x86, _ = graph_pack(q, PackParams(stop_name="nn.relu", stop_name_idx=4, layout="x86"))
+    db = tmp_path_factory.mktemp("tensorized_db")
+    n = sampled_database(lower_for_tuning(x86), HERE, db)
+    assert n > 1 and "vta_pipeline.dot_16x4" in (db / "database_tuning_record.json").read_text()
+    return db, n
+
+
+def test_tensorized_records_open_in_a_fresh_process(tensorized_db):
     """A resumed night opens each task's database in a new process, often before anything
     there has built a design space (its graph pack and task extraction come from the cache).
     The records name our intrinsics, which TVM looks up as it parses them: the library opens
     every database with them registered (`task_database.open_database`)."""
-    q, _ = blocks
-    x86, _ = graph_pack(q, PackParams(stop_name="nn.relu", stop_name_idx=4, layout="x86"))
-    n = sampled_database(lower_for_tuning(x86), HERE, tmp_path)
-    assert n > 0 and "vta_pipeline.dot_16x4" in (tmp_path / "database_tuning_record.json").read_text()
+    db, n = tensorized_db
     opened = subprocess.run(
         [sys.executable, "-c", "import sys; from vta_pipeline.task_database import open_database; "
-                               "print(len(open_database(sys.argv[1]).get_all_tuning_records()))", str(tmp_path)],
+                               "print(len(open_database(sys.argv[1]).get_all_tuning_records()))", str(db)],
         capture_output=True, text=True, timeout=300)
     assert opened.returncode == 0, opened.stderr[-2000:]
     assert int(opened.stdout.split()[-1]) == n
@@ -293,6 +303,27 @@ def test_tensorized_records_open_in_a_fresh_process(blocks, tmp_path):
     others = [p.name for p in sorted(Path(int8_dot.__file__).parent.rglob("*.py"))
               if "JSONDatabase(" in p.read_text() and p.name != "task_database.py"]
     assert not others, f"{others} open a MetaSchedule database without task_database.open_database"
+
+
+def test_a_record_that_no_longer_replays_is_set_aside_and_the_rest_kept(tensorized_db, tmp_path, caplog):
+    """One record naming an intrinsic that is gone (we renamed it, or TVM changed a primitive)
+    would fail the whole database's open, and with it the task: it is moved to
+    `database_tuning_record.json.unreplayable`, the others stay."""
+    db, n = tensorized_db
+    for f in db.iterdir():
+        shutil.copy2(f, tmp_path / f.name)
+    rec = tmp_path / "database_tuning_record.json"
+    lines = rec.read_text().splitlines()
+    stale = next(i for i, line in enumerate(lines) if "vta_pipeline.dot_16x4" in line)
+    lines[stale] = lines[stale].replace("vta_pipeline.dot_16x4", "vta_pipeline.gone_16x4")
+    rec.write_text("\n".join(lines) + "\n")
+
+    with caplog.at_level("WARNING", logger="vta_pipeline.task_database"):
+        opened = open_database(tmp_path)
+    assert len(opened.get_all_tuning_records()) == n - 1
+    assert (tmp_path / "database_tuning_record.json.unreplayable").read_text().splitlines() == [lines[stale]]
+    assert "set aside 1 record(s) that no longer replay" in caplog.text and "kept" in caplog.text
+    assert len(open_database(tmp_path).get_all_tuning_records()) == n - 1  # and it opens directly now
 
 
 @pytest.mark.skipif(not host_has_avx2, reason="this CPU has no AVX2: the tensorized module cannot run here")

@@ -78,6 +78,10 @@ def _read_records(work_dir: Path, skip: int) -> tuple[list[tuple[Any, Any]], int
     """(workload, record) pairs after the first `skip` record lines, and the line count."""
     from tvm.s_tir import meta_schedule as ms
 
+    from . import int8_dot
+
+    int8_dot.register()  # tensorized records name our intrinsics: unregistered, they would not parse
+
     rec_file, wl_file = work_dir / RECORDS, work_dir / WORKLOADS
     if not rec_file.exists() or not wl_file.exists():
         return [], 0

@@ -61,6 +61,9 @@ from typing import Any
 from . import int8_dot
 from .passes.packed_ops import DEPTHWISE_DOT, DOT_CONV, PACKED_CONV, PACKED_DEPTHWISE
 
+# in the tuning state's space label (from 2 on): a change of a nest searches the tasks that
+# exhausted the old one again
+VERSION = 1
 MAX_REG_N = 8      # output columns per register tile
 MAX_REG_H = 4      # output rows per register tile
 MAX_OC_TILE = 4    # packed output-channel chunks per register tile

@@ -24,17 +24,58 @@ log = logging.getLogger(__name__)
 
 def open_database(work_dir: Path, allow_missing: bool = True):
     """The task's (or a merged) MetaSchedule JSON database, with our tensor intrinsics
-    registered first.
+    registered first and records that no longer replay set aside.
 
-    Opening the database parses every record's trace, and a tensorized trace names its
+    Opening the database replays every record's trace, and a tensorized trace names its
     intrinsic (`vta_pipeline.dot_16x4_vnni`, `vta_pipeline.depthwise_dot_16x4_vnni`), which
     TVM looks up in its registry there and then: in a fresh process (a resumed night whose
-    graph pack came from the cache) an unregistered name fails the task before it searches.
+    graph pack came from the cache) an unregistered name failed the task before it searched.
+    One record that does not replay (TVM changed a primitive, or we changed an intrinsic
+    under its name) fails the whole open; `set_aside_unreplayable` then keeps the rest.
     Every database of ours is opened here, never with `JSONDatabase` directly."""
     from tvm.s_tir import meta_schedule as ms
 
     int8_dot.register()
+    try:
+        return ms.database.JSONDatabase(work_dir=str(work_dir), allow_missing=allow_missing)
+    except Exception as first_error:
+        if not set_aside_unreplayable(Path(work_dir)):
+            raise first_error
     return ms.database.JSONDatabase(work_dir=str(work_dir), allow_missing=allow_missing)
+
+
+def set_aside_unreplayable(work_dir: Path) -> int:
+    """Move the records of `work_dir`'s database that do not replay on their workload into
+    `database_tuning_record.json.unreplayable` (appended: nothing is thrown away), keep the
+    rest; returns how many were set aside (0: the database's trouble is elsewhere)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    rec_path, wl_path = work_dir / "database_tuning_record.json", work_dir / "database_workload.json"
+    if not rec_path.exists() or not wl_path.exists():
+        return 0
+    workloads = []
+    for line in wl_path.read_text().splitlines():
+        try:
+            workloads.append(ms.database.Workload.from_json(json.loads(line)))
+        except Exception:
+            workloads.append(None)
+    good, bad = [], []
+    for line in rec_path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            idx, rec = json.loads(line)
+            ms.database.TuningRecord.from_json(rec, workloads[idx])
+            good.append(line)
+        except Exception as e:
+            bad.append((line, str(e).strip().splitlines()[-1][:200] if str(e).strip() else type(e).__name__))
+    if bad:
+        with open(rec_path.with_name(rec_path.name + ".unreplayable"), "a") as f:
+            f.writelines(line + "\n" for line, _ in bad)
+        atomic_write_text(rec_path, "".join(line + "\n" for line in good))
+        log.warning("%s: set aside %d record(s) that no longer replay in %s.unreplayable (first: %s); kept %d",
+                    rec_path, len(bad), rec_path.name, bad[0][1], len(good))
+    return len(bad)
 
 
 def record_json(candidate, workload, run_secs, target) -> Any:

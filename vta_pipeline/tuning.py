@@ -170,8 +170,9 @@ def space_label(target: Any, workload_mod: Any) -> str:
     dir's state, so that a task whose search exhausted an older space searches the new one
     (a state without a label predates the labels)."""
     space, kind = _space_kind(target, workload_mod)
-    if space == "packed-conv":
-        return f"packed-conv:{kind}"
+    if space == "packed-conv":  # version 1 has no suffix: the label it had before versions
+        v = packed_conv_space.VERSION
+        return f"packed-conv:{kind}" + (f":{v}" if v > 1 else "")
     return f"injective:{injective_space.VERSION}" if space == "injective" else space
 
 
@@ -273,9 +274,11 @@ def _search(work_dir: Path, task_name: str, workload_mod, target, board: BoardSp
     """Search until the task has its budget of valid trials; returns why it stopped.
 
     Resume accounting comes from the trial log: a task finished at this budget (or a larger
-    one) searches no more, and one that early-stopped or exhausted its search stays so,
-    unless what it exhausted was another design space than `space` (`space_label`): a new
-    space has candidates the old one had not. A round whose measurements failed is made up
+    one) searches no more, and one that early-stopped or exhausted its search stays so, at
+    any budget (an exhausted small space cost a minute of fruitless evolutionary search per
+    task and budget: mobilenet_v2 int8's depthwise convs at 7x7), unless what it exhausted
+    was another design space than `space` (`space_label`): a new space has candidates the
+    old one had not. A round whose measurements failed is made up
     by the next one, at most MAX_ROUNDS in all."""
     state = read_state(work_dir)
     finished = state.get("status") == "finished"
@@ -284,6 +287,10 @@ def _search(work_dir: Path, task_name: str, workload_mod, target, board: BoardSp
         log.info("task %s: exhausted %s, searching %s", task_name, state.get("space", "an earlier space"), space)
         finished, stopped = False, "budget"
     if finished and state.get("budget", 0) >= tune.trials_per_task:
+        return stopped
+    if finished and stopped == "search-exhausted":  # a bigger budget does not grow the space
+        log.info("task %s: its search exhausted %s at %d trials; not searched again", task_name, space,
+                 state.get("done", 0))
         return stopped
     failures = int8_dot.TensorizeFailures()
     for _round in range(MAX_ROUNDS):
