@@ -13,7 +13,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -298,11 +297,7 @@ def test_tensorized_records_open_in_a_fresh_process(tensorized_db):
                                "print(len(open_database(sys.argv[1]).get_all_tuning_records()))", str(db)],
         capture_output=True, text=True, timeout=300)
     assert opened.returncode == 0, opened.stderr[-2000:]
-    assert int(opened.stdout.split()[-1]) == n
-    # and nothing in the library opens one another way
-    others = [p.name for p in sorted(Path(int8_dot.__file__).parent.rglob("*.py"))
-              if "JSONDatabase(" in p.read_text() and p.name != "task_database.py"]
-    assert not others, f"{others} open a MetaSchedule database without task_database.open_database"
+    assert int(opened.stdout.split()[-1]) == n  # (and no other module opens one: test_layering)
 
 
 def test_a_record_that_no_longer_replays_is_set_aside_and_the_rest_kept(tensorized_db, tmp_path, caplog):

@@ -63,3 +63,12 @@ LIBRARY = sorted(p for p in PKG.rglob("*.py") if "cli" not in p.relative_to(PKG)
 def test_the_library_stays_usable_without_prefect(path):
     banned = {d for d in _imports(path) if d.split(".")[0] in ("prefect", "prefect_dask", "tasks", "flows")}
     assert not banned, f"{path.relative_to(ROOT)} imports {sorted(banned)}: keep Prefect at the edges (tasks/, flows/)"
+
+
+def test_every_tuning_database_is_opened_with_our_intrinsics_registered():
+    """A record naming one of our tensor intrinsics does not parse in a process that has not
+    registered them yet (a resumed run whose pack came from the cache): the library opens every
+    MetaSchedule database through `task_database.open_database`, never `JSONDatabase` itself."""
+    others = [str(p.relative_to(ROOT)) for p in sorted(PKG.rglob("*.py"))
+              if "JSONDatabase(" in p.read_text() and p.name != "task_database.py"]
+    assert not others, f"{others} open a MetaSchedule database without task_database.open_database"

@@ -79,6 +79,7 @@ def _read_records(work_dir: Path, skip: int) -> tuple[list[tuple[Any, Any]], int
     from tvm.s_tir import meta_schedule as ms
 
     from . import int8_dot
+    from .task_database import read_workloads
 
     int8_dot.register()  # tensorized records name our intrinsics: unregistered, they would not parse
 
@@ -88,12 +89,7 @@ def _read_records(work_dir: Path, skip: int) -> tuple[list[tuple[Any, Any]], int
     lines = rec_file.read_text().splitlines()
     if len(lines) <= skip:
         return [], len(lines)
-    workloads = []
-    for line in wl_file.read_text().splitlines():
-        try:
-            workloads.append(ms.database.Workload.from_json(json.loads(line)))
-        except Exception:  # a torn line (repair_database sets those aside before tuning)
-            workloads.append(None)
+    workloads = read_workloads(wl_file)
     out = []
     for line in lines[skip:]:
         try:

@@ -53,12 +53,7 @@ def set_aside_unreplayable(work_dir: Path) -> int:
     rec_path, wl_path = work_dir / "database_tuning_record.json", work_dir / "database_workload.json"
     if not rec_path.exists() or not wl_path.exists():
         return 0
-    workloads = []
-    for line in wl_path.read_text().splitlines():
-        try:
-            workloads.append(ms.database.Workload.from_json(json.loads(line)))
-        except Exception:
-            workloads.append(None)
+    workloads = read_workloads(wl_path)
     good, bad = [], []
     for line in rec_path.read_text().splitlines():
         if not line.strip():
@@ -76,6 +71,20 @@ def set_aside_unreplayable(work_dir: Path) -> int:
         log.warning("%s: set aside %d record(s) that no longer replay in %s.unreplayable (first: %s); kept %d",
                     rec_path, len(bad), rec_path.name, bad[0][1], len(good))
     return len(bad)
+
+
+def read_workloads(wl_path: Path) -> list:
+    """The workloads of a database's `database_workload.json`, by line (a record's index);
+    None for a line that does not parse (a torn line: `repair_database` sets those aside)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    workloads = []
+    for line in Path(wl_path).read_text().splitlines():
+        try:
+            workloads.append(ms.database.Workload.from_json(json.loads(line)))
+        except Exception:
+            workloads.append(None)
+    return workloads
 
 
 def record_json(candidate, workload, run_secs, target) -> Any:
