@@ -770,6 +770,8 @@ def main() -> None:
     ap.add_argument("--depthwise-dot", default="auto", choices=["auto", "on", "off"],
                     help="the x86 int8 rows' depthwise convs on the dot product (graph pack's --depthwise-dot: "
                          "vpermb + vpdpbusd); auto: on where the CPU has AVX512-VNNI and AVX512-VBMI")
+    ap.add_argument("--retime-caches", default="warm", choices=["warm", "flushed"],
+                    help="how each task's best records are re-timed after its search (the pipeline's --retime-caches)")
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--stock-bare", action="store_true",
                     help="also time a bare loop with MetaSchedule's stock builder, runner and search (4 min "
@@ -794,7 +796,7 @@ def main() -> None:
     t_start = time.time()
     meta = {"commit": machine.source_commit(), "threads": args.threads, "trials_per_task": args.trials,
             "runs": args.runs,
-            "allocation": args.allocation, "records_library": args.records_library,
+            "allocation": args.allocation, "records_library": args.records_library, "retime_caches": args.retime_caches,
             "blocks": {m: fp32_block(m) for m in MODELS}, "int8_dense": args.int8_dense,
             "stem": args.stem, "int8_activations": args.int8_activations, "depthwise_dot": args.depthwise_dot,
             **machine.cpu(), "date": time.strftime("%Y-%m-%d %H:%M")}
@@ -880,7 +882,7 @@ def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int]
     stem = [] if args.stem == "plain" else STEM if kind == "fp32-packed" else STEM_INT8 if kind == "x86" else []
     acts = ["--int8-activations"] if kind == "x86" and args.int8_activations == "int8" else []
     dwdot = ["--depthwise-dot"] if kind == "x86" and args.depthwise_dot == "on" else []
-    extra = ["--records-library", args.records_library, *(
+    extra = ["--records-library", args.records_library, "--retime-caches", args.retime_caches, *(
         [] if kind == "fp32" else ["--pack", *MODELS[name]["pack"], *stem] if kind == "fp32-packed"
         else ["--vta", "--pack-layout", kind, *MODELS[name]["int8"], *dense, *stem, *acts, *dwdot])]
     label = ({"fp32": FP32_LAYOUTS["nchw"], "fp32-packed": FP32_LAYOUTS["packed"].format(block=fp32_block(name))}

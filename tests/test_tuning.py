@@ -152,13 +152,26 @@ def test_the_best_records_are_retimed_in_turn_and_pick_best_builds_with_the_fast
                       host_target.target_json, _spec(board), cfg, MEASURE, work)
     assert again.trials_this_run == 0 and (work / retime.RETIMED).read_text() == before
 
+    # Asked to re-time with flushed caches, the finished task re-times again, each candidate
+    # run once per repeat after the runner flushed its weights (retime.retime_measure).
+    flushed_cfg = cfg.model_copy(update={"retime_caches": "flushed"})
+    tune_task(extracted.path / task.file, task.name, task.flops, task.workload_hash, host_target.target_json,
+              _spec(board), flushed_cfg, MEASURE, work)
+    flushed = json.loads((work / retime.RETIMED).read_text())
+    assert flushed["caches"] == "flushed" and json.loads(before).get("caches") == "warm"
+    assert all(len(c["retimed_ms"]) == 2 for c in flushed["candidates"])
+    assert retime.retime_measure(MEASURE, "flushed").model_dump() == dict(
+        MEASURE.model_dump(), number=1, min_repeat_ms=0, repeat=max(MEASURE.repeat, retime.FLUSHED_REPEATS),
+        enable_cpu_cache_flush=True)
+    before = (work / retime.RETIMED).read_text()
+
     # Records recorded further than `within` x the best are not re-timed: with none but the
     # best that close, there is nothing to choose between (and the last re-time stays).
     import tvm
 
     assert retime.retime_top(work, task.name, tvm.ir.load_json((extracted.path / task.file).read_text()),
                              tvm.target.Target(host_target.target_json), _spec(board), MEASURE, 3, 2, 1.0 + 1e-9,
-                             120.0) is None
+                             120.0, caches="flushed") is None
     assert (work / retime.RETIMED).read_text() == before
 
 

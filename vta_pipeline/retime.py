@@ -37,6 +37,7 @@ from .trial_log import fastest_secs, mean_secs
 log = logging.getLogger("vta_pipeline")
 
 RETIMED = "retimed.json"
+FLUSHED_REPEATS = 10  # runs of a candidate per round with flushed caches: one run each, so more of them
 
 
 def record_count(db_dir: Path) -> int:
@@ -55,9 +56,20 @@ def current(db_dir: Path) -> dict[str, Any] | None:
     return retimed if retimed["records"] == record_count(db_dir) else None
 
 
+def retime_measure(measure: MeasureConfig, caches: str) -> MeasureConfig:
+    """The runner settings of a re-time: the search's own when warm; flushed runs a candidate
+    once per repeat (at least FLUSHED_REPEATS of them), after MetaSchedule's runner has flushed
+    every argument but the first (the input) from the caches, so that no run finds the weights
+    the run before it left there."""
+    if caches == "warm":
+        return measure
+    return measure.model_copy(update={"number": 1, "min_repeat_ms": 0, "repeat": max(measure.repeat, FLUSHED_REPEATS),
+                                      "enable_cpu_cache_flush": True})
+
+
 def retime_top(work_dir: Path, task_name: str, workload_mod, target, board: BoardSpec, measure: MeasureConfig,
-               top: int, rounds: int, within: float, builder_timeout_s: float, cross_compiler: str | None = None
-               ) -> dict[str, Any] | None:
+               top: int, rounds: int, within: float, builder_timeout_s: float, cross_compiler: str | None = None,
+               caches: str = "warm") -> dict[str, Any] | None:
     """Measure the task's `top` best records recorded within `within` x the best again in turn
     (see the module doc); returns what `retimed.json` holds, or None when there is nothing to
     choose between (fewer than two such records) or no candidate could be measured (then the
@@ -69,7 +81,8 @@ def retime_top(work_dir: Path, task_name: str, workload_mod, target, board: Boar
 
     n_records = record_count(work_dir)
     done = current(work_dir)
-    if done and (done["top"], done["rounds"], done.get("within")) == (top, rounds, within):
+    if done and (done["top"], done["rounds"], done.get("within"), done.get("caches", "warm")) == (
+            top, rounds, within, caches):
         return done  # before the database is read: a resumed task re-times nothing
     db = open_database(work_dir)
     records = db.get_top_k(db.commit_workload(workload_mod), top)
@@ -96,7 +109,7 @@ def retime_top(work_dir: Path, task_name: str, workload_mod, target, board: Boar
         kept.append(i)
     times: dict[int, list[float]] = {i: [] for i in kept}
     try:
-        with pools.runner(board, measure) as runner:
+        with pools.runner(board, retime_measure(measure, caches)) as runner:
             for _ in range(rounds):
                 for i, fut in zip(kept, runner.run(inputs)):
                     res = fut.result()
@@ -113,7 +126,8 @@ def retime_top(work_dir: Path, task_name: str, workload_mod, target, board: Boar
         return None
     winner = min(measured, key=measured.get)
     out = {
-        "task": task_name, "top": top, "rounds": rounds, "within": within, "records": n_records, "winner": winner,
+        "task": task_name, "top": top, "rounds": rounds, "within": within, "caches": caches, "records": n_records,
+        "winner": winner,
         "candidates": [{"rank": i, "recorded_ms": mean_secs(rec.run_secs) * 1e3,
                         "retimed_ms": [t * 1e3 for t in times.get(i, [])]} for i, rec in enumerate(records)],
         "record": plain_json(_ffi_api.TuningRecordAsJSON(records[winner])),

@@ -428,7 +428,8 @@ def _measure_after_search(work_dir: Path, task_name: str, workload_mod, target, 
         _default_latency(work_dir, task_name, workload_mod, target, board, measure, tune, cross_compiler)
     if tune.retime_top > 1 and _boards_left(board):
         retime.retime_top(work_dir, task_name, workload_mod, target, board, measure, tune.retime_top,
-                          tune.retime_rounds, tune.retime_within, tune.builder_timeout_s, cross_compiler)
+                          tune.retime_rounds, tune.retime_within, tune.builder_timeout_s, cross_compiler,
+                          tune.retime_caches)
     threads = board.threads or last_threads(work_dir)
     if threads is None and target.kind.name == "llvm" and _boards_left(board):
         from .boards import board_threads  # not given: asked after the search, as the default latency is

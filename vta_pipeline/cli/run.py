@@ -69,6 +69,9 @@ def run(
     number: Annotated[Optional[int], typer.Option(help="Runs per measurement while tuning.")] = None,
     repeat: Annotated[Optional[int], typer.Option(help="Measurements per candidate while tuning.")] = None,
     timeout: Annotated[Optional[int], typer.Option(help="RPC session timeout per measurement, s.")] = None,
+    retime_caches: Annotated[Optional[str], typer.Option(
+        help="How each task's best records are re-timed after its search: warm (back to back) | flushed (weights "
+             "and output flushed from the caches before each run, as inside a network)")] = None,
     eval_repeat: Annotated[Optional[int], typer.Option(help="Timed repeats of the final evaluation.")] = None,
     store: StoreOpt = None,
     cache: Annotated[str, typer.Option(help="on | off | redo | readonly")] = "on",
@@ -121,7 +124,7 @@ def run(
             "board.local_threads": local_threads,
             "tune.trials_per_task": trials_per_task, "tune.trials_per_batch": trials_per_batch,
             "tune.allocation": allocation, "tune.cost_model": cost_model, "tune.search": search,
-            "tune.early_stopping": early_stopping,
+            "tune.early_stopping": early_stopping, "tune.retime_caches": retime_caches,
             "tune.task_filter": task_filter, "measure.number": number, "measure.repeat": repeat,
             "measure.timeout_s": timeout, "evaluate.repeat": eval_repeat, "store": store and str(store),
             "tune.session": session, "tune.warm_start": warm_start,
