@@ -162,3 +162,47 @@ def test_the_flows_evaluation_agrees_with_a_quiet_retime(micronet, host_target, 
     print("flow, quiet (ms) per attempt:", pairs)
     assert ev.meta["threads"] == os.cpu_count() and ev.meta["number"] > 1
     assert agree, pairs  # (flow, quiet) ms per attempt
+
+
+def test_a_flushed_retime_finds_a_kernels_weights_cold(board, host_target):
+    """`retime_caches="flushed"`: each run of a candidate finds its weights outside the caches,
+    as a layer does inside a network whose weights do not fit them. A kernel that streams a
+    1 MiB weight matrix (it fits this CPU's L2) once per run is then several times slower
+    than back to back, where every run after the first finds it in the cache."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.script import tir as T
+
+    from vta_pipeline import pools
+    from vta_pipeline.retime import retime_measure
+
+    @T.prim_func
+    def weighted_sum(x: T.Buffer((1024,), "float32"), w: T.Buffer((1024, 256), "float32"),
+                     y: T.Buffer((256,), "float32")):
+        T.func_attr({"global_symbol": "main", "tir.noalias": True})
+        for i in range(256):
+            with T.block("init"):
+                vi = T.axis.remap("S", [i])
+                y[vi] = T.float32(0)
+        for k, i in T.grid(1024, 256):  # rows of w in order: a stream, vectorized over i
+            with T.block("acc"):
+                vk, vi = T.axis.remap("RS", [k, i])
+                y[vi] = y[vi] + x[vk] * w[vk, vi]
+
+    target = tvm.target.Target(host_target.target_json)
+    spec = BoardSpec(board.host, board.port, board.key, 1, 1)
+    measure = MeasureConfig(number=5, repeat=3, min_repeat_ms=40, timeout_s=60)
+    mod = tvm.IRModule({"main": weighted_sum})
+    with pools.builder(120.0) as builder:
+        (built,) = builder.build([ms.builder.BuilderInput(mod, target)])
+    assert built.error_msg is None, built.error_msg
+    inputs = [ms.runner.RunnerInput(built.artifact_path, "cpu", ms.arg_info.ArgInfo.from_prim_func(weighted_sum))]
+    fastest = {"warm": [], "flushed": []}
+    for _ in range(3):  # in turn: the host's minute moves both alike
+        for caches in fastest:
+            with pools.runner(spec, retime_measure(measure, caches)) as runner:
+                (res,) = [f.result() for f in runner.run(inputs)]
+            assert res.error_msg is None, res.error_msg
+            fastest[caches].append(min(float(s) for s in res.run_secs))
+    warm, flushed = min(fastest["warm"]), min(fastest["flushed"])
+    assert flushed > 1.5 * warm, (warm, flushed)
