@@ -770,7 +770,7 @@ def main() -> None:
     ap.add_argument("--depthwise-dot", default="auto", choices=["auto", "on", "off"],
                     help="the x86 int8 rows' depthwise convs on the dot product (graph pack's --depthwise-dot: "
                          "vpermb + vpdpbusd); auto: on where the CPU has AVX512-VNNI and AVX512-VBMI")
-    ap.add_argument("--retime-caches", default="warm", choices=["warm", "flushed"],
+    ap.add_argument("--retime-caches", default="warm", choices=["warm", "flushed", "auto"],
                     help="how each task's best records are re-timed after its search (the pipeline's --retime-caches)")
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--stock-bare", action="store_true",

@@ -171,21 +171,21 @@ def test_a_flushed_retime_finds_a_kernels_weights_cold(board, host_target):
     than back to back, where every run after the first finds it in the cache."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
-    from tvm.script import tir as T
+    from tvm.script import tirx as T
 
     from vta_pipeline import pools
     from vta_pipeline.retime import retime_measure
 
-    @T.prim_func
+    @T.prim_func(s_tir=True)
     def weighted_sum(x: T.Buffer((1024,), "float32"), w: T.Buffer((1024, 256), "float32"),
                      y: T.Buffer((256,), "float32")):
         T.func_attr({"global_symbol": "main", "tir.noalias": True})
         for i in range(256):
-            with T.block("init"):
+            with T.sblock("init"):
                 vi = T.axis.remap("S", [i])
                 y[vi] = T.float32(0)
         for k, i in T.grid(1024, 256):  # rows of w in order: a stream, vectorized over i
-            with T.block("acc"):
+            with T.sblock("acc"):
                 vk, vi = T.axis.remap("RS", [k, i])
                 y[vi] = y[vi] + x[vk] * w[vk, vi]
 

@@ -108,6 +108,17 @@ def test_vta_packing_is_refused_for_gpu_presets_before_any_work():
         steps.check_target(cfg, resolve_target("cuda"))
 
 
+@pytest.mark.parametrize("preset", ["cuda", "pynq-arm"])
+def test_a_flushed_retime_is_refused_where_tvm_cannot_flush_the_boards_caches(preset):
+    from vta_pipeline import steps
+    from vta_pipeline.config import build_config
+
+    cfg = build_config(None, {"target": preset, "tune.retime_caches": "flushed"})
+    with pytest.raises(ConfigError, match="--retime-caches warm or auto"):
+        steps.check_target(cfg, resolve_target(preset))
+    steps.check_target(build_config(None, {"target": preset, "tune.retime_caches": "auto"}), resolve_target(preset))
+
+
 def test_targets_command_lists_target_host_key_and_cross_compiler():
     import json
 

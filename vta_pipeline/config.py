@@ -87,12 +87,13 @@ class TuneConfig(_Strict):
         1.5, gt=1,
         description="Re-time only the best records recorded within this factor of the best: the host's drift "
         "moves a measurement by up to 1.4x, so a record slower than that is slower, not unlucky.")
-    retime_caches: Literal["warm", "flushed"] = Field(
+    retime_caches: Literal["warm", "flushed", "auto"] = Field(
         "warm",
         description="How the re-time runs each candidate: warm = back to back as the search times it (its weights "
         "stay in the caches); flushed = once per repeat, with its weights and output flushed from the caches first "
         "(the input stays: in a network the layer before just wrote it), as a layer runs inside a network whose "
-        "weights do not fit the caches (vta_pipeline.retime).")
+        "weights do not fit the caches; auto = flushed on 64-bit x86 and Arm CPUs, warm elsewhere (GPUs; TVM "
+        "flushes no other CPU's caches). Warm by default: flushed measured no better on resnet18 fp32 (vta_pipeline.retime).")
     builder_timeout_s: float = Field(120.0, gt=0, description="Per-candidate build timeout.")
     seed: int = Field(0, description="Search seed.")
     session: str | None = Field(

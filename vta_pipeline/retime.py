@@ -18,6 +18,19 @@ moves every candidate alike. The winner is kept in the work dir
 (`retimed.json`), which `records.pick_best` commits in place of the recorded best. A task
 retimes again only when its records changed (a bigger budget) or the settings did; a kill
 during the retime leaves nothing behind, and the next run does it again.
+
+With flushed caches (`tune.retime_caches="flushed"`, or auto: flushed on 64-bit x86 and Arm
+CPUs): the search times a candidate back to back, so every run after the first finds the
+weights in the caches, while inside a network a layer's weights were last read a whole
+inference ago (resnet18's fp32 weights are 47 MB), and schedules differ in how often they read
+each weight again: a 7x7 512->512 conv's kept record took 0.98 ms warm and 2.35 flushed,
+another schedule of its space 1.16 and 1.68 (`benchmarks/results/r18_curve64_8725573/sweep`).
+Flushed, each candidate runs once per repeat after the runner flushed every argument but the
+input (the layer before just wrote it). Warm stays the default because the network did not
+get faster: resnet18 fp32, the same records (8 trials/task) re-timed both ways, the two builds
+in turn with ONNX Runtime over 30 rounds, three times: warm / flushed 1.152x / 1.117x,
+1.145x / 1.196x, 1.091x / 1.162x of it; mobilenet_v2 fp32 1.011x / 1.013x
+(`benchmarks/results/r18_flush_bb834b0`).
 """
 
 from __future__ import annotations
@@ -54,6 +67,21 @@ def current(db_dir: Path) -> dict[str, Any] | None:
         return None
     retimed = json.loads(p.read_text())
     return retimed if retimed["records"] == record_count(db_dir) else None
+
+
+def resolve_caches(setting: str, target) -> str:
+    """`tune.retime_caches` for this target: auto is flushed where MetaSchedule's runner can flush
+    the board's caches (TVM's flush is `clflush` on 64-bit x86 and `dc civac` on 64-bit Arm, a
+    no-op on other CPUs) and the kernels read their weights through them (a CPU target, not a
+    GPU's); warm elsewhere."""
+    if setting != "auto":
+        return setting
+    if target.kind.name not in ("llvm", "c"):
+        return "warm"
+    import platform
+
+    triple = str(target.attrs.get("mtriple", "")) or platform.machine()  # no triple: built for this host
+    return "flushed" if triple.lower().startswith(("x86_64", "amd64", "aarch64", "arm64")) else "warm"
 
 
 def retime_measure(measure: MeasureConfig, caches: str) -> MeasureConfig:

@@ -41,6 +41,16 @@ def check_target(cfg: PipelineConfig, target: ResolvedTarget) -> None:
             f"graph pack (--vta) rewrites convs into VTA's blocked NCHW layout, but target {target.name!r} "
             f"tunes in {target.layout}; run {target.name!r} without --vta (int8 packing is for CPU targets)"
         )
+    if cfg.tune.retime_caches == "flushed":
+        import tvm
+
+        from .retime import resolve_caches
+
+        if resolve_caches("auto", tvm.target.Target(target.full_json)) != "flushed":
+            raise ConfigError(
+                f"--retime-caches flushed: target {target.name!r} runs its kernels where TVM's runner cannot flush "
+                "the caches (it flushes those of 64-bit x86 and Arm CPUs only); use --retime-caches warm or auto"
+            )
     if target.offload == "vta" and not (cfg.quantize.enabled and cfg.pack.enabled and cfg.pack.layout == "vta"):
         raise ConfigError(
             f"target {target.name!r} runs the network's packed int8 convs on VTA: add --vta (quantize and graph "

@@ -429,7 +429,7 @@ def _measure_after_search(work_dir: Path, task_name: str, workload_mod, target, 
     if tune.retime_top > 1 and _boards_left(board):
         retime.retime_top(work_dir, task_name, workload_mod, target, board, measure, tune.retime_top,
                           tune.retime_rounds, tune.retime_within, tune.builder_timeout_s, cross_compiler,
-                          tune.retime_caches)
+                          retime.resolve_caches(tune.retime_caches, target))
     threads = board.threads or last_threads(work_dir)
     if threads is None and target.kind.name == "llvm" and _boards_left(board):
         from .boards import board_threads  # not given: asked after the search, as the default latency is
@@ -484,7 +484,7 @@ def _retime_summary(work_dir: Path) -> dict[str, Any] | None:
     if r is None:
         return None
     return {"candidates": len(r["candidates"]), "winner_rank": r["winner"] + 1, "winner_ms": r["winner_ms"],
-            "recorded_best_ms": r["recorded_best_ms"]}
+            "recorded_best_ms": r["recorded_best_ms"], "caches": r.get("caches", "warm")}
 
 
 # ---- the default lowering, measured on the board ------------------------------------------------

@@ -70,8 +70,9 @@ def run(
     repeat: Annotated[Optional[int], typer.Option(help="Measurements per candidate while tuning.")] = None,
     timeout: Annotated[Optional[int], typer.Option(help="RPC session timeout per measurement, s.")] = None,
     retime_caches: Annotated[Optional[str], typer.Option(
-        help="How each task's best records are re-timed after its search: warm (back to back) | flushed (weights "
-             "and output flushed from the caches before each run, as inside a network)")] = None,
+        help="How each task's best records are re-timed after its search: warm (back to back; the default) | "
+             "flushed (weights and output flushed from the caches before each run, as inside a network) | auto "
+             "(flushed on 64-bit x86 and Arm CPUs)")] = None,
     eval_repeat: Annotated[Optional[int], typer.Option(help="Timed repeats of the final evaluation.")] = None,
     store: StoreOpt = None,
     cache: Annotated[str, typer.Option(help="on | off | redo | readonly")] = "on",
