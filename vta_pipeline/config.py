@@ -93,7 +93,8 @@ class TuneConfig(_Strict):
         "stay in the caches); flushed = once per repeat, with its weights and output flushed from the caches first "
         "(the input stays: in a network the layer before just wrote it), as a layer runs inside a network whose "
         "weights do not fit the caches; auto = flushed on 64-bit x86 and Arm CPUs, warm elsewhere (GPUs; TVM "
-        "flushes no other CPU's caches). Warm by default: flushed measured no better on resnet18 fp32 (vta_pipeline.retime).")
+        "flushes no other CPU's caches). Warm by default: flushed measured no better on resnet18 fp32 "
+        "(vta_pipeline.retime).")
     builder_timeout_s: float = Field(120.0, gt=0, description="Per-candidate build timeout.")
     seed: int = Field(0, description="Search seed.")
     session: str | None = Field(

@@ -175,6 +175,12 @@ def make_runner(board: BoardSpec, measure: MeasureConfig):
     return runner
 
 
+def runner_device(target) -> str:
+    """The device a MetaSchedule `RunnerInput` names for kernels built for `target`: "cpu" for
+    CPU code (llvm, c), else the target's kind (cuda, opencl, ...)."""
+    return {"llvm": "cpu", "c": "cpu"}.get(target.kind.name, target.kind.name)
+
+
 @contextlib.contextmanager
 def runner(board: BoardSpec, measure: MeasureConfig) -> Iterator[Any]:
     """Lease this process's runner for a board (tracker, key, worker count) and measure config."""

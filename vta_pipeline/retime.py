@@ -69,19 +69,24 @@ def current(db_dir: Path) -> dict[str, Any] | None:
     return retimed if retimed["records"] == record_count(db_dir) else None
 
 
-def resolve_caches(setting: str, target) -> str:
-    """`tune.retime_caches` for this target: auto is flushed where MetaSchedule's runner can flush
-    the board's caches (TVM's flush is `clflush` on 64-bit x86 and `dc civac` on 64-bit Arm, a
-    no-op on other CPUs) and the kernels read their weights through them (a CPU target, not a
-    GPU's); warm elsewhere."""
-    if setting != "auto":
-        return setting
-    if target.kind.name not in ("llvm", "c"):
-        return "warm"
+def can_flush(target) -> bool:
+    """Whether MetaSchedule's runner can flush the caches the target's kernels read their weights
+    through: a CPU target (not a GPU's) whose CPU TVM flushes (`clflush` on 64-bit x86, `dc civac`
+    on 64-bit Arm; a no-op on other CPUs)."""
+    if pools.runner_device(target) != "cpu":
+        return False
     import platform
 
     triple = str(target.attrs.get("mtriple", "")) or platform.machine()  # no triple: built for this host
-    return "flushed" if triple.lower().startswith(("x86_64", "amd64", "aarch64", "arm64")) else "warm"
+    return triple.lower().startswith(("x86_64", "amd64", "aarch64", "arm64"))
+
+
+def resolve_caches(setting: str, target) -> str:
+    """`tune.retime_caches` for this target: auto is flushed where the runner can flush the
+    caches (`can_flush`), warm elsewhere."""
+    if setting != "auto":
+        return setting
+    return "flushed" if can_flush(target) else "warm"
 
 
 def retime_measure(measure: MeasureConfig, caches: str) -> MeasureConfig:
@@ -127,7 +132,7 @@ def retime_top(work_dir: Path, task_name: str, workload_mod, target, board: Boar
             rec.trace.apply_to_schedule(sch, remove_postproc=False)
             mods.append(sch.mod)
         built = builder.build([ms.builder.BuilderInput(m, target) for m in mods])
-    device = {"llvm": "cpu", "c": "cpu"}.get(target.kind.name, target.kind.name)
+    device = pools.runner_device(target)
     for i, (rec, b) in enumerate(zip(records, built)):
         if b.error_msg:
             log.info("task %s: record %d no longer builds, not re-timed (%s)", task_name, i,

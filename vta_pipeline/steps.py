@@ -44,9 +44,9 @@ def check_target(cfg: PipelineConfig, target: ResolvedTarget) -> None:
     if cfg.tune.retime_caches == "flushed":
         import tvm
 
-        from .retime import resolve_caches
+        from .retime import can_flush
 
-        if resolve_caches("auto", tvm.target.Target(target.full_json)) != "flushed":
+        if not can_flush(tvm.target.Target(target.full_json)):
             raise ConfigError(
                 f"--retime-caches flushed: target {target.name!r} runs its kernels where TVM's runner cannot flush "
                 "the caches (it flushes those of 64-bit x86 and Arm CPUs only); use --retime-caches warm or auto"

@@ -524,9 +524,8 @@ def measure_default(workload_mod, target, board: BoardSpec, measure: MeasureConf
     if built.error_msg:
         return None, f"build: {built.error_msg.strip().splitlines()[-1]}"
     args = ms.arg_info.ArgInfo.from_entry_func(workload_mod, remove_preproc=True)
-    device = {"llvm": "cpu", "c": "cpu"}.get(target.kind.name, target.kind.name)
     with pools.runner(board, measure) as runner:
-        (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, device, args)])
+        (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, pools.runner_device(target), args)])
         res = future.result()
     if res.error_msg:
         return None, f"run: {res.error_msg.strip().splitlines()[-1]}"
