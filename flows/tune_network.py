@@ -186,21 +186,23 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
         ev_untuned = evaluate_(root, untuned_lib, model, tspec, tracker, key, ev_cfg, "untuned", cache)
         ev_tuned = evaluate_(root, tuned_lib, model, tspec, tracker, key, ev_cfg, "tuned", cache)
 
-    task_results = report.task_results(tasks, refs, first_refs, lambda ref: _summary(store, ref))
-    result = report.make_result(run_id, cfg.model_dump(mode="json"), meta(fetched), task_results,
-                                meta(ev_untuned), meta(ev_tuned), time.time() - t0)
-    result.update(night=cfg.tune.session or history.night_of(t0), session=cfg.tune.session, target_id=target.id)
-    for label, ev, lib in (("untuned", ev_untuned, untuned_lib), ("tuned", ev_tuned, tuned_lib)):
-        result[label].update(evaluation_id=ev["artifact_id"], build_id=lib["artifact_id"])
-    if vta_refs:
-        result["vta"] = report.vta_result([meta(r) for r in vta_refs], meta(ev_untuned), meta(ev_tuned), cfg.vta)
-        for line in report.vta_lines(result["vta"]):
-            logger.info(line)
-    if model is not fetched:  # int8 / packed: what the transform steps did, and float agreement
-        result["transforms"] = {ref["step"]: meta(ref) for ref in (quantized, packed) if ref is not None}
-        result["tuned"]["vs_float"] = meta(ev_tuned).get("vs_float")
-    if result["tuned"]["correct"]:
-        result["guard"] = regression_guard(root, result, cfg.guard.max_regression_pct)
+        # the result, and its guard, while the local board is up: the guard may time builds on it
+        task_results = report.task_results(tasks, refs, first_refs, lambda ref: _summary(store, ref))
+        result = report.make_result(run_id, cfg.model_dump(mode="json"), meta(fetched), task_results,
+                                    meta(ev_untuned), meta(ev_tuned), time.time() - t0)
+        result.update(night=cfg.tune.session or history.night_of(t0), session=cfg.tune.session, target_id=target.id)
+        for label, ev, lib in (("untuned", ev_untuned, untuned_lib), ("tuned", ev_tuned, tuned_lib)):
+            result[label].update(evaluation_id=ev["artifact_id"], build_id=lib["artifact_id"])
+        if vta_refs:
+            result["vta"] = report.vta_result([meta(r) for r in vta_refs], meta(ev_untuned), meta(ev_tuned), cfg.vta)
+            for line in report.vta_lines(result["vta"]):
+                logger.info(line)
+        if model is not fetched:  # int8 / packed: what the transform steps did, and float agreement
+            result["transforms"] = {ref["step"]: meta(ref) for ref in (quantized, packed) if ref is not None}
+            result["tuned"]["vs_float"] = meta(ev_tuned).get("vs_float")
+        if result["tuned"]["correct"]:
+            result["guard"] = regression_guard(root, result, cfg.guard.model_dump(mode="json"), tspec, tracker, key,
+                                               model, cfg.evaluate.min_repeat_ms)
     result["history"] = record_history(
         root, result, [str(store.root / "steps" / "tune" / ref["key"]) for ref in tuned])
     report.save_result(store, result)

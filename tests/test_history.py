@@ -1,6 +1,7 @@
 """The Parquet history, warm starts from earlier sessions, and the regression guard's rules."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -9,8 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from vta_pipeline import guard, history, steps, variant
-from vta_pipeline.config import MeasureConfig, PipelineConfig, TuneConfig
+from vta_pipeline.config import GuardConfig, MeasureConfig, ModelConfig, PipelineConfig, TuneConfig
 from vta_pipeline.extract import load_tasks
+from vta_pipeline.store import ArtifactStore
 from vta_pipeline.boards import BoardSpec
 from vta_pipeline.trial_log import read_trials
 
@@ -18,12 +20,12 @@ MEASURE = MeasureConfig(number=2, repeat=1, timeout_s=60)
 
 
 def _run(run_id, night, store, tune_art, tuned_ms=1.0, untuned_ms=4.0, build_id="b", correct=True, config=None):
-    """A finished run's result around one real tune artifact (what the flow assembles)."""
-    summary = json.loads((tune_art.path / "summary.json").read_text())
+    """A finished run's result around one real tune artifact (what the flow assembles), or none."""
+    tasks = [json.loads((tune_art.path / "summary.json").read_text())] if tune_art else []
     ev = {"mean_ms": tuned_ms, "median_ms": tuned_ms, "std_ms": 0.01, "correct": correct, "max_abs_err": 0.0}
     return {
         "run_id": run_id, "night": night, "model": "micronet", "target": "host", "target_id": "t",
-        "board_key": "test", "seconds": 10.0, "finished": 1.7e9, "tasks": [summary], "config": config or {},
+        "board_key": "test", "seconds": 10.0, "finished": 1.7e9, "tasks": tasks, "config": config or {},
         "untuned": dict(ev, mean_ms=untuned_ms, evaluation_id=f"{run_id}-u", build_id=f"{build_id}-untuned"),
         "tuned": dict(ev, evaluation_id=f"{run_id}-t", build_id=build_id),
     }
@@ -121,6 +123,68 @@ def test_the_guard_keeps_the_best_nights_build_when_tonight_regresses(tmp_path, 
     bad = guard.check(root, _run("c", "2026-11-21", session_store, n1, tuned_ms=1.5), 10.0)
     assert bad.regressed and bad.best_build_id == "good" and "REGRESSION" in bad.message and "50.0%" in bad.message
     assert not guard.check(tmp_path / "empty", _run("x", "2026-11-21", session_store, n1), 10.0).regressed
+
+
+@pytest.fixture(scope="module")
+def two_builds(tmp_path_factory, host_target):
+    """A store with two untuned builds that take the same 1x3x64x64 input: micronet's (two
+    convs) and tinynet's (four, about 3x the work), so that one is genuinely the slower."""
+    store = ArtifactStore(tmp_path_factory.mktemp("guard-store"))
+    built = {}
+    for name in ("micronet", "tinynet"):
+        fetched = steps.fetch_step(store, ModelConfig(source="builtin", name=name, input_shape=(1, 3, 64, 64)))
+        built[name] = steps.build_step(store, steps.extract_step(store, fetched, host_target), None, host_target)
+    return store, fetched, built
+
+
+def _guarded(tmp_path, two_builds, board, host_target, tonight, best, best_ms, tonight_ms, rounds=5,
+             key=None, collected=()):
+    """The guard's verdict on a night whose tuned build is `tonight`, in a fresh store whose
+    history has one earlier night whose build is `best`, recorded at `best_ms` (the history's
+    number, not the board's). The builds in `collected` were garbage-collected from it."""
+    _, fetched, built = two_builds
+    store = ArtifactStore(tmp_path / "store")
+    for name in set(built) - set(collected):
+        shutil.copytree(built[name].path, store.root / "steps" / "build" / built[name].id)
+    history.record_run(store.root, _run("best", "2026-11-19", None, None, tuned_ms=best_ms, build_id=built[best].id), [])
+    tonight_run = _run("tonight", "2026-11-20", None, None, tuned_ms=tonight_ms, build_id=built[tonight].id)
+    return steps.regression_verdict(store, dict(tonight_run, board_key=board.key), GuardConfig(confirm_rounds=rounds),
+                                    host_target, (board.host, board.port), key or board.key, fetched)
+
+
+def test_a_regression_is_confirmed_by_timing_both_builds_in_turn_on_the_board(
+        tmp_path, two_builds, board, host_target):
+    """tinynet's build is the slower one: the history says so, and so does the board in turn."""
+    verdict = _guarded(tmp_path, two_builds, board, host_target, "tinynet", "micronet", 1.0, 3.0)
+    assert verdict.regressed and verdict.worse_pct == pytest.approx(200.0)
+    t = verdict.in_turn
+    assert t["rounds"] == 5 and len(t["tonight_ms"]) == len(t["best_ms"]) == 5
+    assert t["ratio"] > 1.5 and t["tonight_median_ms"] > t["best_median_ms"] > 0
+    assert verdict.message.startswith("REGRESSION: timed in turn on the board (5 rounds)")
+
+
+def test_a_night_the_evaluations_call_regressed_but_that_times_even_in_turn_is_not_a_regression(
+        tmp_path, two_builds, board, host_target):
+    """The history recorded the best night at half tonight's time (a fast minute); the same
+    build timed in turn with itself is even, so tonight's build becomes current."""
+    verdict = _guarded(tmp_path, two_builds, board, host_target, "micronet", "micronet", 1.0, 2.0)
+    assert not verdict.regressed and verdict.worse_pct == pytest.approx(100.0)
+    assert 0.9 < verdict.in_turn["ratio"] < 1.1
+    assert "not a regression, tonight's build becomes current" in verdict.message
+
+
+def test_without_the_best_build_or_a_board_the_evaluations_verdict_stands_and_says_why(
+        tmp_path, two_builds, board, host_target):
+    no_board = _guarded(tmp_path / "a", two_builds, board, host_target, "micronet", "tinynet", 1.0, 2.0,
+                        key="nosuchboard")
+    assert no_board.regressed and no_board.in_turn is None
+    assert "'nosuchboard'" in no_board.in_turn_error and "not confirmed in turn" in no_board.message
+    off = _guarded(tmp_path / "b", two_builds, board, host_target, "micronet", "tinynet", 1.0, 2.0, rounds=0)
+    assert off.regressed and off.in_turn is None and off.in_turn_error is None
+    gone = _guarded(tmp_path / "c", two_builds, board, host_target, "micronet", "tinynet", 1.0, 2.0,
+                    collected=["tinynet"])
+    assert gone.regressed and gone.in_turn is None
+    assert "the build of 2026-11-19" in gone.in_turn_error and "no longer in the store" in gone.in_turn_error
 
 
 INT8_X86 = PipelineConfig(quantize={"enabled": True}, pack={"enabled": True, "layout": "x86", "cfactor": 16})

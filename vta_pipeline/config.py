@@ -171,6 +171,12 @@ class GuardConfig(_Strict):
         description="A tuned latency more than this % slower than the model's best night is a regression: "
         "the run says so and the best night's build stays current.",
     )
+    confirm_rounds: int = Field(
+        5, ge=0, le=100,
+        description="When tonight's evaluation is past max_regression_pct, its build and the best night's are "
+        "timed in turn on the board for this many rounds, and the median per-round ratio decides (one evaluation "
+        "on a shared board swings more than 10%). 0: the evaluations in the history alone decide.",
+    )
 
 
 class QuantizeConfig(_Strict):

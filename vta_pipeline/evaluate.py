@@ -13,7 +13,7 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -68,6 +68,24 @@ def _device(remote, kind: str):
     return {"llvm": remote.cpu, "cuda": remote.cuda, "opencl": remote.cl}.get(kind, remote.cpu)(0)
 
 
+def _request_board(tracker: tuple[str, int], key: str, session_timeout: int):
+    """A session on a board under `key`, or a BoardError that says how to get one."""
+    from tvm import rpc
+
+    from .boards import count_servers
+
+    host, port = tracker
+    if count_servers(host, port, key) == 0:  # request() would block forever on an empty key
+        raise BoardError(
+            f"no board is registered under key {key!r} at the tracker {host}:{port}; start one with "
+            f"`python -m tvm.exec.rpc_server --tracker {host}:{port} --key {key}` and rerun"
+        )
+    try:
+        return rpc.connect_tracker(host, port).request(key, priority=1, session_timeout=session_timeout)
+    except Exception as e:
+        raise BoardError(f"could not get a board with key {key!r} from the tracker at {host}:{port}: {e}") from None
+
+
 def evaluate_on_board(
     lib_path: Path,
     reference: tuple[np.ndarray, np.ndarray],
@@ -91,20 +109,12 @@ def evaluate_on_board(
     host simulating: a run's time is then the convs' simulated time plus the CPU's share
     (`vta.network.time_on_board`), over `repeat` runs (at most MIN_REPEAT: the simulating is slow)."""
     import tvm
-    from tvm import relax, rpc
+    from tvm import relax
 
-    from .boards import count_servers, remote_threads
+    from .boards import remote_threads
 
     host, port = tracker
-    if count_servers(host, port, key) == 0:  # request() would block forever on an empty key
-        raise BoardError(
-            f"no board is registered under key {key!r} at the tracker {host}:{port}; start one with "
-            f"`python -m tvm.exec.rpc_server --tracker {host}:{port} --key {key}` and rerun"
-        )
-    try:
-        remote = rpc.connect_tracker(host, port).request(key, priority=1, session_timeout=session_timeout)
-    except Exception as e:
-        raise BoardError(f"could not get a board with key {key!r} from the tracker at {host}:{port}: {e}") from None
+    remote = _request_board(tracker, key, session_timeout)
     try:
         remote.upload(str(lib_path))
         lib = remote.load_module(Path(lib_path).name)
@@ -156,3 +166,54 @@ def evaluate_on_board(
         cpu_ms=split.cpu_ms if split else None,
         vta_convs=split.convs if split else None,
     )
+
+
+def time_in_turn(
+    libs: Sequence[Path],
+    x: np.ndarray,
+    target_kind: str,
+    tracker: tuple[str, int],
+    key: str,
+    rounds: int,
+    min_repeat_ms: float = 50.0,
+    session_timeout: int = 600,
+) -> list[list[float]]:
+    """Each library's latency (ms per run) in each of `rounds` rounds, all of them on one board
+    session, one after the other in every round: the first library first in even rounds and
+    last in odd ones, so that neither always runs in the other's wake.
+
+    Two evaluations taken on different nights (or minutes apart on a shared host) differ by
+    more than many regressions do: on a 2-core Xeon, resnet18's evaluation came out 18.6 ms
+    in one run and 15.1 ms in the run before it (23% apart), while the two builds timed in
+    turn over 30 rounds were even. In turn, the host's drift moves both libraries of a round
+    alike and their ratio stays.
+    Each library's runs per round are sized (after a warm-up run) to last `min_repeat_ms`; a
+    first round is not counted (the first library's first repeat of one test ran 1.4x slow)."""
+    import tvm
+    from tvm import relax
+
+    if rounds < 1 or len(libs) < 2:
+        raise ValueError(f"timing in turn needs two or more libraries and a round or more, got {len(libs)} and {rounds}")
+    remote = _request_board(tracker, key, session_timeout)
+    try:
+        dev = _device(remote, target_kind)
+        timers = []
+        for i, lib_path in enumerate(libs):
+            name = f"in_turn_{i}_{Path(lib_path).name}"  # builds share the file name model.so
+            remote.upload(str(lib_path), target=name)
+            vm = relax.VirtualMachine(remote.load_module(name), dev)
+            xd = tvm.runtime.tensor(x, dev)
+            per_run_s = vm.time_evaluator("main", dev, number=1, repeat=1)(xd).mean
+            number, _ = plan_timing(1, 1, min_repeat_ms, None, per_run_s)
+            timers.append((vm.time_evaluator("main", dev, number=number, repeat=1), xd))
+        ms: list[list[float]] = [[] for _ in libs]
+        for r in range(-1, rounds):  # round -1 is not counted: each library's first full repeat runs cold
+            order = range(len(libs)) if r % 2 == 0 else reversed(range(len(libs)))
+            for i in order:
+                timer, xd = timers[i]
+                t = float(timer(xd).mean) * 1e3
+                if r >= 0:
+                    ms[i].append(t)
+    except Exception as e:
+        raise BoardError(f"timing {', '.join(Path(p).name for p in libs)} in turn on a {key!r} board failed: {e}") from None
+    return ms

@@ -6,6 +6,11 @@ TVM upgrade, an unlucky search) must not replace a good build. After each run:
 * `check` compares tonight's tuned latency with the best correct tuned latency of earlier
   runs of the same variant (`variant.py`: fp32 and int8 builds of one model are not
   compared) in the history;
+* when that says "regressed", `confirm_in_turn` decides from the two builds timed in turn
+  on the board (`evaluate.time_in_turn`, run by `steps.regression_verdict`): evaluations
+  from different nights on a shared board differ by more than the allowed percentage (a
+  23% "regression" that timed even in turn was measured), and a false alarm keeps last
+  week's build current while tonight's better one is thrown away;
 * `promote` makes tonight's build the current one
   (`current/<model>--<target>--<key>--<variant>.json` plus a copy of its `model.so`)
   unless it regressed by more than the allowed percentage; then the previous best build
@@ -17,7 +22,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from dataclasses import asdict, dataclass
+import statistics
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +42,30 @@ class Verdict:
     best_build_id: str | None
     worse_pct: float | None  # how much slower tonight is than the best night
     max_regression_pct: float
+    # the two builds timed in turn on the board, when the history said "regressed"
+    # (rounds, tonight_ms and best_ms per round, their medians, the median per-round ratio)
+    in_turn: dict[str, Any] | None = None
+    in_turn_error: str | None = None  # why they could not be (the history's verdict then stands)
 
     @property
     def message(self) -> str:
         if self.best_ms is None:
             return f"first recorded run: {self.tonight_ms:.3f} ms"
+        if self.in_turn is not None:
+            t = self.in_turn
+            timed = (f"timed in turn on the board ({t['rounds']} rounds): tonight {t['tonight_median_ms']:.3f} ms vs "
+                     f"the best night {self.best_night}'s build {t['best_median_ms']:.3f} ms "
+                     f"({100 * (t['ratio'] - 1):+.1f}% per round, median; allowed {self.max_regression_pct:g}%)")
+            if self.regressed:
+                return f"REGRESSION: {timed}; the build of {self.best_night} stays current"
+            return (f"tuned {self.tonight_ms:.3f} ms was {self.worse_pct:.1f}% slower than the best night's "
+                    f"{self.best_ms:.3f} ms in the evaluations, but {timed}: not a regression, tonight's build "
+                    f"becomes current")
         if self.regressed:
             return (f"REGRESSION: tuned {self.tonight_ms:.3f} ms is {self.worse_pct:.1f}% slower than the best "
                     f"night {self.best_night} ({self.best_ms:.3f} ms; allowed {self.max_regression_pct:g}%); "
-                    f"the build of {self.best_night} stays current")
+                    f"the build of {self.best_night} stays current"
+                    + (f" (not confirmed in turn: {self.in_turn_error})" if self.in_turn_error else ""))
         return (f"tuned {self.tonight_ms:.3f} ms vs best night {self.best_night} {self.best_ms:.3f} ms "
                 f"({self.worse_pct:+.1f}%)")
 
@@ -67,6 +88,18 @@ def check(store_root: Path, result: dict[str, Any], max_regression_pct: float) -
     worse = 100.0 * (tonight / best["mean_ms"] - 1.0)
     return Verdict(worse > max_regression_pct, tonight, best["mean_ms"], best["night"], best["build_id"], worse,
                    max_regression_pct)
+
+
+def confirm_in_turn(verdict: Verdict, tonight_ms: list[float], best_ms: list[float]) -> Verdict:
+    """The verdict of the two builds timed in turn (round i of each list from the same round):
+    regressed when the median over rounds of tonight / best is past the allowed percentage.
+    A per-round ratio, not a ratio of medians: a slow minute slows both builds of its round."""
+    if len(tonight_ms) != len(best_ms) or not tonight_ms:
+        raise ValueError(f"in-turn timings need one time per build per round, got {len(tonight_ms)} and {len(best_ms)}")
+    ratio = statistics.median(t / b for t, b in zip(tonight_ms, best_ms))
+    in_turn = {"rounds": len(tonight_ms), "tonight_ms": tonight_ms, "best_ms": best_ms, "ratio": ratio,
+               "tonight_median_ms": statistics.median(tonight_ms), "best_median_ms": statistics.median(best_ms)}
+    return replace(verdict, regressed=100.0 * (ratio - 1.0) > verdict.max_regression_pct, in_turn=in_turn)
 
 
 def slug(model: str, target: str, key: str, variant_: str) -> str:

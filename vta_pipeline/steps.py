@@ -11,21 +11,23 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 from . import build as build_mod
 from . import evaluate as eval_mod
 from . import extract as extract_mod
-from . import history, records_library, retime
+from . import guard, history, records_library, retime
 from . import importers
 from . import pack as pack_mod
 from . import quantize as quantize_mod
 from . import records as records_mod
 from . import trial_log, tuning, workload_keys
 from .boards import BoardSpec
-from .config import EvalConfig, MeasureConfig, ModelConfig, PackConfig, PipelineConfig, QuantizeConfig, TuneConfig
-from .errors import ConfigError
+from .config import (EvalConfig, GuardConfig, MeasureConfig, ModelConfig, PackConfig, PipelineConfig, QuantizeConfig,
+                     TuneConfig)
+from .errors import BoardError, ConfigError
 from .vta_config import VTAConfig
 from .hashing import sha256_file, sha256_json
 from .store import Artifact, ArtifactStore
@@ -383,3 +385,31 @@ def evaluate_step(store: ArtifactStore, built: Artifact, fetched: Artifact, targ
 
     return store.produce(eval_mod.STEP, key, compute, inputs={"lib": built.id, "reference": fetched.id},
                          config={"evaluate": cfg.model_dump(mode="json"), "board_key": board_key})
+
+
+# ---- after the evaluation ----------------------------------------------------------------------
+def regression_verdict(store: ArtifactStore, result: dict[str, Any], cfg: GuardConfig, target: ResolvedTarget,
+                       tracker: tuple[str, int], board_key: str, fetched: Artifact,
+                       min_repeat_ms: float = 50.0) -> guard.Verdict:
+    """The regression guard's verdict on tonight's run: the history's, and when that says
+    "regressed", the two builds' (tonight's and the best night's) timed in turn on a board
+    under `board_key` for `cfg.confirm_rounds` rounds. Where they cannot be timed in turn
+    (the best build was garbage-collected, no board answers, a VTA simulator board whose wall
+    time is the host's simulation), the history's verdict stands and says why."""
+    verdict = guard.check(store.root, result, cfg.max_regression_pct)
+    if not verdict.regressed or cfg.confirm_rounds == 0:
+        return verdict
+    if target.offload == "vta":
+        return replace(verdict, in_turn_error="a VTA simulator board's wall time is the host simulating, not the board")
+    builds = {a.id: a for a in store.find(build_mod.STEP)}
+    tonight, best = builds.get(result["tuned"]["build_id"]), builds.get(verdict.best_build_id)
+    if tonight is None or best is None:
+        gone = "tonight's build" if tonight is None else f"the build of {verdict.best_night} ({verdict.best_build_id})"
+        return replace(verdict, in_turn_error=f"{gone} is no longer in the store {store.root}")
+    x, _ = importers.load_reference(fetched.path)
+    try:
+        ms = eval_mod.time_in_turn([tonight.file(build_mod.LIB), best.file(build_mod.LIB)], x, target.kind, tracker,
+                                   board_key, cfg.confirm_rounds, min_repeat_ms=min_repeat_ms)
+    except BoardError as e:
+        return replace(verdict, in_turn_error=str(e))
+    return guard.confirm_in_turn(verdict, ms[0], ms[1])

@@ -105,6 +105,9 @@ def run(
              "a directory from `vta-pipeline library export`.")] = None,
     max_regression_pct: Annotated[Optional[float], typer.Option(
         help="Regression guard: tuned latency this % worse than the best night keeps the old build.")] = None,
+    confirm_rounds: Annotated[Optional[int], typer.Option(
+        help="Regression guard: time tonight's and the best night's builds in turn on the board this many rounds "
+             "before calling a regression (0: the evaluations alone decide).")] = None,
     dask: Annotated[Optional[str], typer.Option(
         "--dask", help="Run the tuning tasks on this Dask scheduler (tcp://HOST:8786); store on shared storage.")] = None,
 ):
@@ -130,6 +133,7 @@ def run(
             "measure.timeout_s": timeout, "evaluate.repeat": eval_repeat, "store": store and str(store),
             "tune.session": session, "tune.warm_start": warm_start,
             "tune.records_library": records_library, "guard.max_regression_pct": max_regression_pct,
+            "guard.confirm_rounds": confirm_rounds,
             **_int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode,
                               calibration_data, pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx,
                               bfactor, cfactor, pack_layout, pad_channels, quantize_dense, pack_stem,
