@@ -61,6 +61,20 @@ def test_artifact_id_depends_on_content_only(store):
     assert a.id == b.id != c.id
 
 
+def test_an_artifact_is_found_by_its_content_id_and_verified(store):
+    """find_id: what `find` + a match on the id gave (the newest of equal contents), without
+    hashing the step's other artifacts; a tampered match is quarantined, not returned."""
+    store.produce("s", "k1", _writer([], "same"))
+    newer = store.produce("s", "k2", _writer([], "same"))
+    other = store.produce("s", "k3", _writer([], "other"))
+    assert store.find_id("s", other.id).key == "k3"
+    assert store.find_id("s", newer.id).key == newer.key == "k2"  # the newer of two equal contents, as find's order
+    assert store.find_id("s", "no-such-id") is None and store.find_id("no-such-step", other.id) is None
+    other.file("a.txt").write_text("tampered")
+    assert store.find_id("s", other.id) is None
+    assert any(e["event"] == "quarantined" and e.get("key") == "k3" for e in store.events())
+
+
 def test_two_concurrent_producers_compute_once(store):
     calls = []
 

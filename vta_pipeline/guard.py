@@ -127,7 +127,7 @@ def promote(store: ArtifactStore, result: dict[str, Any], verdict: Verdict) -> d
     else:
         build_id, night, ms = result["tuned"]["build_id"], result["night"], result["tuned"]["mean_ms"]
         why = "tonight's build"
-    art = next((a for a in store.find("build") if a.id == build_id), None)
+    art = store.find_id("build", build_id)
     now = read_current(store.root, model, target, key, var)
     if art is None:  # the best build was garbage-collected: keep whatever is current
         return now or {}

@@ -401,8 +401,8 @@ def regression_verdict(store: ArtifactStore, result: dict[str, Any], cfg: GuardC
         return verdict
     if target.offload == "vta":
         return replace(verdict, in_turn_error="a VTA simulator board's wall time is the host simulating, not the board")
-    builds = {a.id: a for a in store.find(build_mod.STEP)}
-    tonight, best = builds.get(result["tuned"]["build_id"]), builds.get(verdict.best_build_id)
+    tonight = store.find_id(build_mod.STEP, result["tuned"]["build_id"])
+    best = store.find_id(build_mod.STEP, verdict.best_build_id)
     if tonight is None or best is None:
         gone = "tonight's build" if tonight is None else f"the build of {verdict.best_night} ({verdict.best_build_id})"
         return replace(verdict, in_turn_error=f"{gone} is no longer in the store {store.root}")
