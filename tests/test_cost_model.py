@@ -4,6 +4,8 @@ Before it, each task (and each resumed round of a task) started a fresh XGBoost 
 scored candidates at random until 100 measurements: at a night's budgets it never learned.
 """
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -20,7 +22,7 @@ MEASURE = MeasureConfig(number=2, repeat=1, timeout_s=60)
 @pytest.fixture(scope="module")
 def _tuned(micronet, board, host_target, tmp_path_factory):
     """Two conv tasks of micronet tuned (8 trials each) into one scope, once for this module:
-    tuning is what costs here, and each test starts from what it left (`tuned_scope`)."""
+    tuning is what costs here (each test gets its own copy: `tuned_scope`)."""
     _, extracted = micronet
     convs = [t for t in load_tasks(extracted.path) if t.op == "conv2d"][:2]
     root = tmp_path_factory.mktemp("scope")
@@ -31,15 +33,17 @@ def _tuned(micronet, board, host_target, tmp_path_factory):
                   BoardSpec(board.host, board.port, board.key, 2), TuneConfig(trials_per_task=8, trials_per_batch=4),
                   MEASURE, work)
         works.append(work)
-    return extracted, convs, works
+    return root, extracted, convs, works
 
 
 @pytest.fixture
-def tuned_scope(_tuned):
-    """The tuned scope, read by a process whose models are forgotten, as if the next night's
-    process started."""
+def tuned_scope(_tuned, tmp_path):
+    """A copy of the tuned scope (a test may tune on into it), read by a process whose models
+    are forgotten, as if the next night's process started."""
+    root, extracted, convs, works = _tuned
+    shutil.copytree(root, tmp_path / "scope")
     cost_model.reset()
-    yield _tuned
+    yield extracted, convs, [tmp_path / "scope" / w.relative_to(root) for w in works]
     cost_model.reset()
 
 
@@ -64,7 +68,7 @@ def test_a_new_process_learns_from_the_records_of_every_task_in_the_store(tuned_
     extracted, convs, works = tuned_scope
     target = _target(host_target)
     on_disk = sum(1 for w in works for r in read_trials(w) if r["latency_ms"] is not None)
-    assert on_disk >= 16  # (20 after the next test has tuned on)
+    assert on_disk == 16
     monkeypatch.setattr(cost_model, "WARMUP_SAMPLES", on_disk)  # the store's records are just enough
 
     third = works[0].parent / "not-tuned-yet"  # a task this store has never tuned
