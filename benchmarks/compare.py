@@ -770,6 +770,9 @@ def main() -> None:
     ap.add_argument("--depthwise-dot", default="auto", choices=["auto", "on", "off"],
                     help="the x86 int8 rows' depthwise convs on the dot product (graph pack's --depthwise-dot: "
                          "vpermb + vpdpbusd); auto: on where the CPU has AVX512-VNNI and AVX512-VBMI")
+    ap.add_argument("--winograd", default="off", choices=["on", "off"],
+                    help="the fp32 packed rows' 3x3 stride-1 convs (output at least 14 wide) as Winograd F(4x4, 3x3) "
+                         "(the pipeline's --winograd)")
     ap.add_argument("--retime-caches", default="warm", choices=["warm", "flushed", "auto"],
                     help="how each task's best records are re-timed after its search (the pipeline's --retime-caches)")
     ap.add_argument("--skip-overhead", action="store_true")
@@ -799,7 +802,7 @@ def main() -> None:
             "allocation": args.allocation, "records_library": args.records_library, "retime_caches": args.retime_caches,
             "blocks": {m: fp32_block(m) for m in MODELS}, "int8_dense": args.int8_dense,
             "stem": args.stem, "int8_activations": args.int8_activations, "depthwise_dot": args.depthwise_dot,
-            **machine.cpu(), "date": time.strftime("%Y-%m-%d %H:%M")}
+            "winograd": args.winograd, **machine.cpu(), "date": time.strftime("%Y-%m-%d %H:%M")}
     previous = args.out / "compare.json"
     if args.resume and previous.exists():
         res: dict[str, Any] = json.loads(previous.read_text())
@@ -882,15 +885,16 @@ def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int]
     stem = [] if args.stem == "plain" else STEM if kind == "fp32-packed" else STEM_INT8 if kind == "x86" else []
     acts = ["--int8-activations"] if kind == "x86" and args.int8_activations == "int8" else []
     dwdot = ["--depthwise-dot"] if kind == "x86" and args.depthwise_dot == "on" else []
+    wino = ["--winograd"] if kind == "fp32-packed" and args.winograd == "on" else []
     extra = ["--records-library", args.records_library, "--retime-caches", args.retime_caches, *(
-        [] if kind == "fp32" else ["--pack", *MODELS[name]["pack"], *stem] if kind == "fp32-packed"
+        [] if kind == "fp32" else ["--pack", *MODELS[name]["pack"], *stem, *wino] if kind == "fp32-packed"
         else ["--vta", "--pack-layout", kind, *MODELS[name]["int8"], *dense, *stem, *acts, *dwdot])]
     label = ({"fp32": FP32_LAYOUTS["nchw"], "fp32-packed": FP32_LAYOUTS["packed"].format(block=fp32_block(name))}
              .get(kind) or INT8_LAYOUTS.get(kind))
     key = {"fp32": "fp32", "fp32-packed": "fp32 packed"}.get(kind, f"int8 {kind}")
     # the int8 classifier, the int8 stem and int8 activations: rows (and curves) of their own
     kind_key = (kind + "+dense" * bool(dense) + "+stem" * bool(stem) + "+int8act" * bool(acts)
-                + "+dwdot" * bool(dwdot))
+                + "+dwdot" * bool(dwdot) + "+winograd" * bool(wino))
     if dense:
         label, key = f"{label}, int8 classifier", f"{key} int8-dense"
     if stem:
@@ -899,6 +903,8 @@ def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int]
         label, key = f"{label}, int8 activations", f"{key} int8-act"
     if dwdot:
         label, key = f"{label}, depthwise on the dot product", f"{key} dw-dot"
+    if wino:
+        label, key = f"{label}, Winograd 3x3", f"{key} winograd"
     for j, trials in enumerate(budgets):  # later budgets continue from the earlier records
         if f"{name}/{kind_key}/{trials}" in res["pipeline_runs"]:  # resumed
             continue

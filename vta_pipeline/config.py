@@ -245,6 +245,10 @@ class PackConfig(_Strict):
         False, description="x86 layout, blocks of 16: int8 depthwise convs whose input is non-negative take the CPU's "
                            "dot product too (each kernel row padded to 4 taps, OIHW16o4w; vpermb + vpdpbusd where the "
                            "CPU has AVX512-VNNI and VBMI, else the same taps on int32 lanes, a fourth of them zero).")
+    winograd: bool = Field(
+        False, description="Float packed 3x3 stride-1 convs whose output is at least 14 wide run as Winograd "
+                           "F(4x4, 3x3): a fourth of the multiplies, weights transformed at build time; tuned in "
+                           "their own design space (CPU targets).")
 
 
 class BoardConfig(_Strict):

@@ -2,7 +2,8 @@
 
 Artifact: module.json (the packed Relax module), packed.py (its Relax text), pack.json
 (region and packed operators), reference.npz (carried over: packing changes layouts,
-not values).
+not values). With `winograd`, the float 3x3 convs it applies to are then rewritten to
+Winograd (`passes/winograd.py`).
 """
 
 from __future__ import annotations
@@ -55,13 +56,18 @@ def pack_model(model_dir: Path, pack: PackConfig, vta: VTAConfig, out_dir: Path)
     from .passes.graph_pack import graph_pack
 
     packed, rep = graph_pack(network(model_dir), pack_params(pack, vta))
+    winograd = 0
+    if pack.winograd:
+        from .passes.winograd import rewrite
+
+        packed, winograd = rewrite(packed)
     (out_dir / "module.json").write_text(tvm.ir.save_json(packed))
     (out_dir / "packed.py").write_text(packed.script(show_meta=False))
     (out_dir / "pack.json").write_text(json.dumps(rep.to_dict(), indent=1))
     shutil.copy2(Path(model_dir) / "reference.npz", out_dir / "reference.npz")
     return {"start": rep.start, "stop": rep.stop, "packed_ops": len(rep.packed_ops),
             "bfactor": rep.bfactor, "cfactor": rep.cfactor, "layout": rep.layout,
-            "uint8_convs": rep.uint8_convs}  # fmt: skip
+            "uint8_convs": rep.uint8_convs, **({"winograd_convs": winograd} if pack.winograd else {})}  # fmt: skip
 
 
 def pack_points(model_dir: Path, pack: PackConfig, vta: VTAConfig) -> dict[str, Any]:

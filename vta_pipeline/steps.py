@@ -131,8 +131,8 @@ def quantize_step(store: ArtifactStore, model: Artifact, cfg: QuantizeConfig, se
 
 # ---- pack -------------------------------------------------------------------------------------
 def _pack_config(pack: PackConfig, vta: VTAConfig) -> dict[str, Any]:
-    # pad_channels, stem and depthwise_dot only when on: stores packed before they existed keep their keys
-    exclude = {"enabled"} | {f for f in ("pad_channels", "stem", "depthwise_dot") if not getattr(pack, f)}
+    # pad_channels, stem, depthwise_dot and winograd only when on: stores packed before they existed keep their keys
+    exclude = {"enabled"} | {f for f in ("pad_channels", "stem", "depthwise_dot", "winograd") if not getattr(pack, f)}
     return {"pack": pack.model_dump(mode="json", exclude=exclude), "vta": vta.model_dump(mode="json")}
 
 

@@ -51,5 +51,9 @@ DepthwiseDotOpt = Annotated[Optional[bool], typer.Option(
     "--depthwise-dot/--no-depthwise-dot",
     help="x86 layout: int8 depthwise convs on the CPU's dot product too (kernel rows padded to 4 taps; "
          "vpermb + vpdpbusd with AVX512-VNNI and VBMI).")]
+WinogradOpt = Annotated[Optional[bool], typer.Option(
+    "--winograd/--no-winograd",
+    help="Float packed 3x3 stride-1 convs (output at least 14 wide) as Winograd F(4x4, 3x3): a fourth of the "
+         "multiplies.")]
 # the history sub-commands' --json
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON rows instead of a table.")]

@@ -23,6 +23,7 @@ from vta_pipeline.cli.options import (
     PackLayoutOpt,
     PackStemOpt,
     DepthwiseDotOpt,
+    WinogradOpt,
     PadChannelsOpt,
     QuantizeDenseOpt,
     Int8ActivationsOpt,
@@ -96,6 +97,7 @@ def run(
     int8_activations: Int8ActivationsOpt = None,
     pack_stem: PackStemOpt = None,
     depthwise_dot: DepthwiseDotOpt = None,
+    winograd: WinogradOpt = None,
     session: Annotated[Optional[str], typer.Option(
         help="Tuning session (e.g. tonight's date): a new session tunes a full budget of its own.")] = None,
     warm_start: Annotated[Optional[int], typer.Option(
@@ -137,7 +139,7 @@ def run(
             **_int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode,
                               calibration_data, pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx,
                               bfactor, cfactor, pack_layout, pad_channels, quantize_dense, pack_stem,
-                              int8_activations, depthwise_dot),
+                              int8_activations, depthwise_dot, winograd),
         })
         from vta_pipeline import steps
 

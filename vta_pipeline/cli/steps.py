@@ -24,6 +24,7 @@ from vta_pipeline.cli.options import (
     PackLayoutOpt,
     PackStemOpt,
     DepthwiseDotOpt,
+    WinogradOpt,
     PadChannelsOpt,
     QuantizeDenseOpt,
     Int8ActivationsOpt,
@@ -73,6 +74,7 @@ def tasks_cmd(
     int8_activations: Int8ActivationsOpt = None,
     pack_stem: PackStemOpt = None,
     depthwise_dot: DepthwiseDotOpt = None,
+    winograd: WinogradOpt = None,
 ):
     """Fetch (quantize, pack) the model and print its tuning tasks, cached in the store like a run's.
     The workload columns are the VTA recipe's; packed tasks count batch = N/b*b, in_filter = C/c*c."""
@@ -89,7 +91,7 @@ def tasks_cmd(
             **_int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode,
                               calibration_data, pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx,
                               bfactor, cfactor, pack_layout, pad_channels, quantize_dense, pack_stem,
-                              int8_activations, depthwise_dot),
+                              int8_activations, depthwise_dot, winograd),
         })
         tgt = resolve_target(cfg.target)
         st = ArtifactStore(cfg.store)
