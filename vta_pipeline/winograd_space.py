@@ -92,13 +92,15 @@ def _schedule_gemm(sch, lanes: int) -> None:
     sch.reorder(p_o, e, n, c_o, k, p_i, c_i, lane)
     sch.parallel(p_o)
     acc = sch.cache_write(gemm, 0, "local")
-    sch.reverse_compute_at(acc, c_o)
+    # unit loops kept: a candidate's trace replays with other tile sizes, and its loop count must not change
+    sch.reverse_compute_at(acc, c_o, preserve_unit_loops=True)
     sch.unroll(p_i)
     sch.unroll(c_i)
     sch.vectorize(lane)
     sch.decompose_reduction(gemm, k)
-    loops = sch.get_loops(acc)
-    sch.vectorize(loops[-1])
+    *_, acc_p, _, _, acc_co = sch.get_loops(acc)
+    sch.unroll(acc_p)
+    sch.vectorize(acc_co)
 
 
 def _schedule_inverse(sch, inverse) -> None:
@@ -112,7 +114,7 @@ def _schedule_inverse(sch, inverse) -> None:
     sch.reorder(b_o, c_o, y_o, x_o, b_i, y_i, x_i, r_d, lane)
     outer = sch.fuse(b_o, c_o, y_o)
     sch.parallel(outer)
-    sch.reverse_compute_at(write, x_o)
+    sch.reverse_compute_at(write, x_o, preserve_unit_loops=True)
     cols = sch.get_sblock(wg.COLS)
     sch.compute_at(cols, x_o)
     sch.set_scope(cols, 0, "local")

@@ -1,0 +1,166 @@
+"""Winograd F(4x4, 3x3) for packed float convs (`--winograd`): which convs it takes, that the
+network it builds equals PyTorch's, and that its design space tunes for real.
+
+`passes/winograd.py` rewrites graph pack's float 3x3 stride-1 convs (output at least 14
+wide) into a weight transform, which the build folds into a constant, and a Winograd conv
+with the epilogue fused in; `winograd_space.py` schedules those tasks. The weights of these
+tests are random, the input seeded, the tuning real (MetaSchedule on this CPU, 4 trials).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+from int8_nets import randomize, to_relax
+from torch import nn
+
+import tvm
+from tvm import relax
+from tvm.s_tir import meta_schedule as ms
+from tvm.target import codegen
+
+from vta_pipeline import winograd_space
+from vta_pipeline.build import LIB, build_network
+from vta_pipeline.passes import winograd
+from vta_pipeline.passes.graph_pack import PackParams, graph_pack
+from vta_pipeline.relax_pipeline import lower_for_tuning
+from vta_pipeline.tuning import design_space, space_label
+
+HERE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # AVX2 (CI's floor)
+host_has_avx2 = bool(codegen.target_has_features(
+    ["avx2"], tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})))
+
+
+class Net(nn.Module):
+    """A stem and a max pool (where packing starts), then at 18 x 18: a 3x3 conv (taken), a
+    3x3 conv with a residual add (taken); a strided 3x3 conv and a 1x1 (not taken); at 9 x 9,
+    narrower than MIN_SIZE: a 3x3 conv (not taken)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.c1 = nn.Conv2d(16, 32, 3, padding=1)
+        self.c2 = nn.Conv2d(32, 32, 3, padding=1)
+        self.down = nn.Conv2d(32, 32, 3, stride=2, padding=1)
+        self.proj = nn.Conv2d(32, 16, 1)
+        self.small = nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x):
+        x = nn.functional.max_pool2d(torch.relu(self.stem(x)), 2)
+        y = torch.relu(self.c1(x))
+        y = torch.relu(self.c2(y) + y)
+        y = torch.relu(self.small(self.proj(torch.relu(self.down(y)))))
+        return nn.functional.adaptive_avg_pool2d(y, 1)
+
+
+@pytest.fixture(scope="module")
+def network():
+    model = randomize(Net(), 0)
+    x = np.random.default_rng(0).standard_normal((1, 3, 36, 36)).astype("float32")
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x)).numpy()
+    packed, _ = graph_pack(to_relax(model, x), PackParams())
+    rewritten, count = winograd.rewrite(packed)
+    return lower_for_tuning(rewritten), count, x, ref
+
+
+def _tasks(lowered):
+    return ms.relax_integration.extract_tasks(lowered, tvm.target.Target(HERE))
+
+
+def _winograd_tasks(lowered):
+    target = tvm.target.Target(HERE)
+    return [t for t in _tasks(lowered) if winograd_space.applies(t.dispatched[0], target)]
+
+
+def test_only_the_wide_stride_1_3x3_convs_become_winograd_with_their_epilogue_fused(network):
+    lowered, count, _, _ = network
+    assert count == 2
+    names = sorted(gv.name_hint for gv in lowered.functions)
+    wino = [n for n in names if "winograd" in n]
+    # c1 (+ bias, relu) and c2 (+ bias, residual add, relu): one fused function each
+    assert len(wino) == 2 and all("relu" in n for n in wino), names
+    assert any("add2" in n for n in wino), names  # the residual add fused in too
+    # the weight transform ran at lowering on the constant weights: no function of it is left
+    assert not any(winograd.WEIGHT in n for n in names), names
+    # the strided conv, the 1x1 and the 9 x 9 conv stay direct packed convs
+    assert sum("conv2d_packed" in n and "winograd" not in n for n in names) == 3, names
+    target = tvm.target.Target(HERE)
+    labels = {t.task_name: space_label(target, t.dispatched[0]) for t in _tasks(lowered)}
+    assert sorted(v for v in labels.values() if v.startswith("winograd")) == ["winograd:1"] * 2, labels
+    assert not winograd_space.applies(_winograd_tasks(lowered)[0].dispatched[0], tvm.target.Target({"kind": "cuda"}))
+
+
+def test_float_convs_in_other_layouts_are_left_alone():
+    x = np.zeros((1, 16, 16, 16), "float32")
+    plain = to_relax(randomize(nn.Sequential(nn.Conv2d(16, 16, 3, padding=1)), 0), x)
+    assert winograd.rewrite(plain)[1] == 0  # NCHW, not packed
+
+
+def _sample(wl, seed: int):
+    target = tvm.target.Target(HERE)
+    ctx = ms.TuneContext(mod=wl, target=target, space_generator=design_space(target, wl), task_name="t",
+                         rand_state=seed)
+    (sch,) = ctx.generate_design_space()
+    assert all(p.apply(sch) for p in ctx.space_generator.postprocs)
+    return sch
+
+
+def test_the_space_unrolls_the_transforms_and_tiles_the_gemm_in_registers(network):
+    lowered, _, _, _ = network
+    wl = _winograd_tasks(lowered)[0].dispatched[0]
+    sch = _sample(wl, 3)
+    text = sch.mod.script()
+    loops = re.findall(r"for (\w+) in T\.(\w+)\(T\.int64\((\d+)\)\)", text)
+    # the transforms' 6-tap passes (rows, data, columns, inverse): unrolled, never a loop
+    assert sum(kind == "unroll" and n == "6" for _, kind, n in loops) >= 12, loops
+    # the channel lanes: vectorized in every block that computes or writes back (16 lanes;
+    # the GEMM's write-back spans its 2 chunks)
+    assert sum(kind == "vectorized" and n in ("16", "32") for _, kind, n in loops) >= 12, loops
+    # one parallel loop per stage (data transform, GEMM, inverse); none of them unrolled
+    parallel = [name for name, kind, _ in loops if kind == "parallel"]
+    assert len(parallel) == 3, loops
+    assert not any(kind == "unroll" and name.startswith(("x_0", "p_0", "y_0")) for name, kind, _ in loops), loops
+    # the tile's accumulators live in a local buffer (registers), written back once per tile
+    assert 'scope="local"' in text
+    # two knobs: the GEMM's tiles per block (a divisor of 25 tiles: 1, 5) and output chunks (of 2)
+    decisions = [[int(v) for v in d] for d in sch.trace.decisions.values()]
+    assert sorted(int(np.prod(d)) for d in decisions) == [2, 25], decisions
+
+
+@pytest.mark.skipif(not host_has_avx2, reason="this CPU has no AVX2: the module cannot run here")
+@pytest.mark.parametrize("seed", [2, 9])
+def test_a_build_with_winograd_schedules_equals_pytorch(network, tmp_path, seed):
+    lowered, _, x, ref = network
+    (tmp_path / "extract").mkdir()
+    (tmp_path / "extract" / "lowered.json").write_text(tvm.ir.save_json(lowered))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "db").mkdir()
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path / "db"))
+    target = tvm.target.Target(HERE)
+    for t in _winograd_tasks(lowered):
+        wl = t.dispatched[0]
+        db.commit_tuning_record(ms.database.TuningRecord(_sample(wl, seed).trace, db.commit_workload(wl), [1e-3],
+                                                         target))
+    assert build_network(tmp_path / "extract", HERE, tmp_path / "out", best_db_dir=tmp_path / "db")[
+        "scheduled_functions"] == 2
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "out" / LIB)), tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not host_has_avx2, reason="this CPU has no AVX2: the module cannot run here")
+def test_the_search_measures_candidates_of_the_space_and_keeps_the_fastest(network, tmp_path):
+    lowered, _, _, _ = network
+    wl = _winograd_tasks(lowered)[1].dispatched[0]
+    target = tvm.target.Target(HERE)
+    db = ms.tir_integration.tune_tir(wl, target, str(tmp_path), max_trials_global=4, num_trials_per_iter=4,
+                                     space=design_space(target, wl), num_tuning_cores=1)
+    records = db.get_all_tuning_records()
+    assert 1 <= len(records) <= 4
+    assert all(r.run_secs and all(float(s) < 1.0 for s in r.run_secs) for r in records)
+    best = db.get_top_k(db.commit_workload(wl), 1)[0]
+    assert float(best.run_secs[0]) == min(float(r.run_secs[0]) for r in records)
