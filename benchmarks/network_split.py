@@ -48,6 +48,8 @@ def our_kind(name: str) -> str:
         return "int8 conv (dot product)"
     if "depthwise_conv2d_packed" in name:
         return "depthwise conv (packed)"
+    if "conv2d_winograd_packed" in name:
+        return "float conv (packed, Winograd)"
     if "conv2d_packed" in name:
         return "float conv (packed)"
     if "conv2d" in name:

@@ -90,7 +90,7 @@ def test_only_the_wide_stride_1_3x3_convs_become_winograd_with_their_epilogue_fu
     assert sum("conv2d_packed" in n and "winograd" not in n for n in names) == 3, names
     target = tvm.target.Target(HERE)
     labels = {t.task_name: space_label(target, t.dispatched[0]) for t in _tasks(lowered)}
-    assert sorted(v for v in labels.values() if v.startswith("winograd")) == ["winograd:1"] * 2, labels
+    assert sorted(v for v in labels.values() if v.startswith("winograd")) == [f"winograd:{winograd_space.VERSION}"] * 2, labels
     assert not winograd_space.applies(_winograd_tasks(lowered)[0].dispatched[0], tvm.target.Target({"kind": "cuda"}))
 
 
