@@ -161,3 +161,18 @@ def test_board_servers_start_without_tvm_ffis_pytorch_hook(tmp_path):
         for p in b.procs:
             for proc in [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]:
                 assert proc.environ().get("TVM_FFI_DISABLE_TORCH_C_DLPACK") == "1", proc.cmdline()
+
+
+def test_servers_started_together_search_for_their_ports_from_different_first_ports(tmp_path):
+    """TVM's rpc_server binds with SO_REUSEADDR: two started at once from the same first port
+    could both bind it, and the second died in `listen` ("Address already in use"; a CI run
+    lost a 2-server board that way). Each of our servers starts its search at its own free
+    port, and all of them register."""
+    with LocalBoard(key="ports", num_servers=3, log_dir=tmp_path / "logs", registry=tmp_path / "registry") as b:
+        firsts = []
+        for p in b.procs[1:]:
+            cmd = psutil.Process(p.pid).cmdline()
+            firsts.append(int(cmd[cmd.index("--port") + 1]))
+            assert int(cmd[cmd.index("--port-end") + 1]) > firsts[-1]
+        assert len(set(firsts)) == 3, firsts
+        assert boards.count_servers("127.0.0.1", b.port, "ports") == 3

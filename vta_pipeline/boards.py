@@ -36,6 +36,9 @@ class BoardSpec:
     threads: int | None = None  # what the key's boards reported (the flow reads it once per run)
 
 
+SERVER_PORT_RANGE = 64  # ports an rpc_server tries from its first, should another process take that one
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -290,10 +293,15 @@ class LocalBoard:
         )
 
     def add_server(self, record: bool = True) -> subprocess.Popen:
+        """Start one more rpc_server. Each searches for its listening port from its own free
+        port: TVM's server binds with SO_REUSEADDR, so two servers started at once from the
+        same first port (9090, the default) could both bind it, and the second then died in
+        `listen` with "Address already in use" (seen in CI on a 2-server board)."""
         i = len(self.procs)
+        first = free_port(self.host)
         p = self._spawn(
             [self.server_module, "--tracker", self.tracker, "--key", self.key, "--host", self.host,
-             "--port", "9090", "--port-end", "9999"], f"server{i}")
+             "--port", str(first), "--port-end", str(min(first + SERVER_PORT_RANGE, 65536))], f"server{i}")
         if record and not self.detached:
             self._record()
         return p
