@@ -65,6 +65,17 @@ def schedule(sch) -> None:
     _schedule_inverse(sch, inverse)
 
 
+def _schedule_pass(sch, block) -> None:
+    """A transform's first 1-D pass (`winograd_rows`, `winograd_cols`), computed at its tile:
+    its (e, dx, lane, tap) loops become e, dx, tap unrolled around the lanes vectorized."""
+    *_, e, dx, lane, tap = sch.get_loops(block)
+    sch.reorder(e, dx, tap, lane)
+    for loop in (e, dx, tap):
+        sch.unroll(loop)
+    sch.vectorize(lane)
+    sch.decompose_reduction(block, tap)
+
+
 def _schedule_data(sch, lanes: int) -> None:
     data, rows = sch.get_sblock(wg.DATA), sch.get_sblock(wg.ROWS)
     p, e, n, ci, r_b = sch.get_loops(data)
@@ -76,12 +87,7 @@ def _schedule_data(sch, lanes: int) -> None:
     sch.reverse_compute_at(write, outer)
     sch.compute_at(rows, outer)
     sch.set_scope(rows, 0, "local")
-    _, r_e, r_dx, r_lane, r_a = sch.get_loops(rows)
-    sch.reorder(r_e, r_dx, r_a, r_lane)
-    for loop in (r_e, r_dx, r_a):
-        sch.unroll(loop)
-    sch.vectorize(r_lane)
-    sch.decompose_reduction(rows, r_a)
+    _schedule_pass(sch, rows)
     for loop in (e, n, r_b):
         sch.unroll(loop)
     sch.vectorize(lane)
@@ -127,12 +133,7 @@ def _schedule_inverse(sch, inverse) -> None:
     cols = sch.get_sblock(wg.COLS)
     sch.compute_at(cols, x_o)
     sch.set_scope(cols, 0, "local")
-    *_, c_e, c_dx, c_lane, c_r = sch.get_loops(cols)
-    sch.reorder(c_e, c_dx, c_r, c_lane)
-    for loop in (c_e, c_dx, c_r):
-        sch.unroll(loop)
-    sch.vectorize(c_lane)
-    sch.decompose_reduction(cols, c_r)
+    _schedule_pass(sch, cols)
     for loop in (b_i, y_i, x_i, r_d):
         sch.unroll(loop)
     sch.vectorize(lane)
