@@ -83,7 +83,7 @@ def tuned_tasks(run: Path, store: Path, what: str) -> list[dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     for path in sorted((store / "pipeline" / "steps" / "extract").glob("*/tasks.json")):
         for t in json.loads(path.read_text()):
-            if t.get("workload") and t["op"] in ("packed_conv2d", "conv2d"):
+            if t.get("workload") and t["op"] in ("packed_conv2d", "packed_conv2d_winograd", "conv2d"):
                 dirs = sorted((store / "pipeline" / "work" / "tune").glob(f"*/{t['workload_hash']}"))
                 if dirs:
                     found.setdefault(t["name"], {"workload": t["workload"], "tir": str(path.parent / t["file"]),

@@ -22,7 +22,7 @@ from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import codegen
 
-from vta_pipeline import winograd_space
+from vta_pipeline import extract, winograd_space
 from vta_pipeline.build import LIB, build_network
 from vta_pipeline.passes import winograd
 from vta_pipeline.passes.graph_pack import PackParams, graph_pack
@@ -92,6 +92,19 @@ def test_only_the_wide_stride_1_3x3_convs_become_winograd_with_their_epilogue_fu
     labels = {t.task_name: space_label(target, t.dispatched[0]) for t in _tasks(lowered)}
     assert sorted(v for v in labels.values() if v.startswith("winograd")) == [f"winograd:{winograd_space.VERSION}"] * 2, labels
     assert not winograd_space.applies(_winograd_tasks(lowered)[0].dispatched[0], tvm.target.Target({"kind": "cuda"}))
+
+
+def test_a_winograd_task_is_read_as_the_conv_it_computes(network):
+    """Task extraction names a Winograd task's op and gives the workload of its direct conv
+    (`conv_gap.py` compares it with ONNX Runtime's conv by that workload; `--task-filter
+    conv2d` keeps it)."""
+    assert (extract.WINOGRAD_PAD, extract.WINOGRAD_GEMM, extract.WINOGRAD_INVERSE) == (
+        winograd.PAD, winograd.GEMM, winograd.INVERSE)
+    lowered, _, _, _ = network
+    found = sorted(extract.conv2d_workload(t.dispatched[0]) for t in _winograd_tasks(lowered))
+    # (batch, height, width, in, out, kh, kw, pad_h, pad_w, stride_h, stride_w): c1 16 -> 32, c2 32 -> 32
+    assert found == [("packed_conv2d_winograd", [1, 18, 18, c, 32, 3, 3, 1, 1, 1, 1]) for c in (16, 32)]
+    assert "packed_conv2d_winograd" in extract.CONV_OPS
 
 
 def test_float_convs_in_other_layouts_are_left_alone():

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 STEP = "extract"
-VERSION = 4  # 3: layout-free weights (pre-packing); x86 dot-product convs. 4: structural workload keys
+VERSION = 5  # 3: layout-free weights (pre-packing); x86 dot-product convs. 4: structural workload keys.
+# 5: Winograd convs (graph pack's --winograd) read as packed_conv2d_winograd, with their conv's workload
 
 WORKLOAD_FIELDS = (
     "batch", "height", "width", "in_filter", "out_filter",
@@ -66,21 +67,40 @@ def _linear(expr, block, axis: int):
 CONV_BLOCKS = ("conv2d_nchw", "group_conv2d_nchw", "DepthwiseConv2d", "conv2d_packed", "conv2d_dot_packed",
                "depthwise_conv2d_packed", "depthwise_conv2d_dot_packed",
                "conv2d_nhwc", "group_conv2d_nhwc", "depthwise_conv2d_nhwc")
-CONV_OPS = ("conv2d", "depthwise_conv2d", "group_conv2d", "packed_conv2d", "packed_depthwise_conv2d")
+CONV_OPS = ("conv2d", "depthwise_conv2d", "group_conv2d", "packed_conv2d", "packed_depthwise_conv2d",
+            "packed_conv2d_winograd")
+# The blocks of passes/winograd.py's conv (by name, so reading a task needs no import of the pass)
+WINOGRAD_PAD, WINOGRAD_GEMM, WINOGRAD_INVERSE = "winograd_pad", "winograd_gemm", "winograd_inverse"
+
+
+def _winograd_workload(blocks: dict[str, Any]) -> tuple[str, list[int]] | None:
+    """The workload of a Winograd conv (graph pack's `--winograd`): the direct conv it
+    computes, 3x3, stride 1, padding 1, read off its padding block's input (N, C/c, H, W, 1, c)
+    and its inverse transform's output (N, OC/c, H, W, 1, c)."""
+    pad = next((b for n, b in blocks.items() if n.startswith(WINOGRAD_PAD)), None)
+    inverse = next((b for n, b in blocks.items() if n.startswith(WINOGRAD_INVERSE)), None)
+    if pad is None or inverse is None or not pad.reads:
+        return None
+    data = [_int(d) for d in pad.reads[0].source.shape]
+    out = [_int(d) for d in inverse.writes[0].source.shape]
+    if len(data) != 6 or len(out) != 6:
+        return None
+    n, c, h, w = data[0] * data[4], data[1] * data[5], data[2], data[3]
+    return "packed_conv2d_winograd", [n, h, w, c, out[1] * out[5], 3, 3, 1, 1, 1, 1]
 
 
 def conv2d_workload(prim_mod) -> tuple[str, list[int]] | None:
     """Find the conv block of a fused TIR function and read its workload, or None.
 
     Layouts: NCHW (OIHW kernels), VTA-packed NCHWnc (OIHWoi) and NHWC (HWIO kernels, the
-    GPU presets)."""
+    GPU presets); a Winograd conv (`--winograd`) gives the workload of the conv it computes."""
     from tvm.s_tir import Schedule
 
     sch = Schedule(prim_mod)
     blocks = {sch.get(b).name_hint: sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))}
     conv = next((b for n, b in blocks.items() if n.startswith(CONV_BLOCKS)), None)
     if conv is None:
-        return None
+        return _winograd_workload(blocks) if any(n.startswith(WINOGRAD_GEMM) for n in blocks) else None
     name = conv.name_hint
     packed = name.endswith("_packed")
     nhwc = "nhwc" in name

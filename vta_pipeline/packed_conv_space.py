@@ -208,7 +208,7 @@ def schedule(sch, intrin: str | None = None, pixel_tiles: bool = False) -> bool:
     # buffer: TIR compacts it to the tile).
     acc = sch.cache_write(conv, 0, "local" if kind == "float" else "global")
     sch.reverse_compute_at(acc, tile_o, preserve_unit_loops=True)
-    _fuse_epilogue(sch, acc)
+    fuse_epilogue(sch, acc)
 
     if kind == "float":
         init = sch.decompose_reduction(conv, k_o)
@@ -274,7 +274,7 @@ def _schedule_depthwise(sch, conv) -> None:
         sch.unroll(loop)
     acc = sch.cache_write(conv, 0, "local")
     sch.reverse_compute_at(acc, ow_o, preserve_unit_loops=True)
-    _fuse_epilogue(sch, acc)
+    fuse_epilogue(sch, acc)
     init = sch.decompose_reduction(conv, d_i)
     sch.vectorize(sch.get_loops(init)[-1])
     sch.vectorize(sch.get_loops(acc)[-1])
@@ -295,7 +295,7 @@ def _schedule_depthwise_dot(sch, conv, intrin: str) -> None:
         sch.unroll(loop)
     acc = sch.cache_write(conv, 0, "global")  # the intrinsic's accumulator is declared global
     sch.reverse_compute_at(acc, ow_o, preserve_unit_loops=True)
-    _fuse_epilogue(sch, acc)
+    fuse_epilogue(sch, acc)
     _tensorize_lanes(sch, c_i, d_i, intrin)
     sch.vectorize(sch.get_loops(acc)[-1])
     _sample_unroll(sch)
@@ -331,7 +331,7 @@ def _schedule_nchw(sch, conv) -> None:
         sch.unroll(loop)
     acc = sch.cache_write(conv, 0, "local")
     sch.reverse_compute_at(acc, xx_o, preserve_unit_loops=True)
-    _fuse_epilogue(sch, acc)
+    fuse_epilogue(sch, acc)
     init = sch.decompose_reduction(conv, rc)
     sch.vectorize(sch.get_loops(init)[-1])
     _sample_unroll(sch)
@@ -351,7 +351,7 @@ def _inline_elementwise(sch, conv) -> None:
             pass
 
 
-def _fuse_epilogue(sch, acc) -> None:
+def fuse_epilogue(sch, acc) -> None:
     """Fold the elementwise blocks after the conv (bias add, residual add, ReLU, requantize)
     into the tile's write-back, so the conv's output never goes to memory before them."""
     while True:

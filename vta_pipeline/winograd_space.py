@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .packed_conv_space import fuse_epilogue
 from .passes import winograd as wg
 
 VERSION = 2  # 2: the GEMM weight-major (a task tuned in version 1's space searches again)
@@ -56,7 +57,7 @@ def schedule(sch) -> None:
     root = sch.get_sblock("root")
     for block in sch.get_child_blocks(root):  # the constant matrices, the padding
         stmt = sch.get(block)
-        if not stmt.reads or stmt.name_hint == "winograd_pad":
+        if not stmt.reads or stmt.name_hint == wg.PAD:
             sch.compute_inline(block)
     inverse = sch.get_sblock(wg.INVERSE)
     lanes = int(sch.get(inverse).writes[0].source.shape[-1])
@@ -119,10 +120,8 @@ def _schedule_gemm(sch, lanes: int) -> None:
 
 
 def _schedule_inverse(sch, inverse) -> None:
-    from .packed_conv_space import _fuse_epilogue
-
     write = sch.cache_write(inverse, 0, "local")
-    _fuse_epilogue(sch, write)
+    fuse_epilogue(sch, write)
     b_o, c_o, y, x, b_i, lane, r_d = sch.get_loops(inverse)
     y_o, y_i = sch.split(y, [None, wg.TILE])
     x_o, x_i = sch.split(x, [None, wg.TILE])

@@ -47,7 +47,7 @@ ALPHA = TILE + KERNEL - 1
 MIN_SIZE = 14     # smallest output width taken (7 x 7 stays direct: see the module doc)
 CONV = "conv2d_winograd_packed"
 WEIGHT = "winograd_weight_packed"
-GEMM = "winograd_gemm"
+PAD, GEMM = "winograd_pad", "winograd_gemm"
 DATA, ROWS = "winograd_data", "winograd_rows"
 INVERSE, COLS = "winograd_inverse", "winograd_cols"
 OUT_EWISE_FUSABLE = 4  # Relax's OpPatternKind kOutEWiseFusable: FuseOps fuses the epilogue into it
@@ -96,7 +96,7 @@ def conv2d_winograd_packed(data: te.Tensor, u: te.Tensor) -> te.Tensor:
         (nb, cb, n_h * TILE + 2, n_w * TILE + 2, c),
         lambda b, i, y, x, k: tirx.if_then_else(
             tirx.all(y >= 1, y <= h, x >= 1, x <= w), data[b, i, y - 1, x - 1, 0, k], tirx.const(0.0, "float32")),
-        name="winograd_pad")
+        name=PAD)
 
     def tile_input(p, ci, dy, dx):  # tile p's input pixel (dy, dx), channel ci
         return pad[p // (n_h * n_w), ci // c, p % (n_h * n_w) // n_w * TILE + dy, p % n_w * TILE + dx, ci % c]
