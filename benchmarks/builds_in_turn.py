@@ -16,9 +16,9 @@ what to read.
 
 Each round also measures the host: a copy of 256 MB on the same threads (`host_copy_gbps`).
 On the shared Zen 5 VM here it sat at one of two levels, about 45 or 80 GB/s, switching every
-few minutes, and our builds ran 1.15-1.3x slower at the higher one while ONNX Runtime moved
-3% (resnet18 fp32, 40 rounds): the host moves the two vCPUs between placements that our
-kernels feel and MLAS's hardly do. When the rounds fall into two such levels, the report
+few minutes, and our resnet18 fp32 builds ran 1.12-1.26x slower at the higher one while ONNX
+Runtime's moved 1% (40 rounds, `results/zen5_all_f010123/host`): the host moves the two vCPUs
+between placements that our kernels feel and MLAS's hardly do. When the rounds fall into two such levels, the report
 gives each build's ratio in each.
 
     uv run python benchmarks/builds_in_turn.py --model mobilenet_v2 --int8 \\
@@ -122,17 +122,18 @@ def report(times: dict[str, list[float]], meta: dict[str, Any]) -> list[str]:
 
 def by_host_state(times: dict[str, list[float]], builds: list[str]) -> list[str]:
     """The rounds split at the middle of the host probe's range, when it spans two states."""
-    gbps = np.array(times.get("host_copy_gbps") or [0.0])
-    if gbps.min() <= 0 or gbps.max() / gbps.min() < HOST_STATES_APART:
+    gbps = np.array(times["host_copy_gbps"])
+    if gbps.size == 0 or gbps.max() / gbps.min() < HOST_STATES_APART:
         return []
     mid = (gbps.max() + gbps.min()) / 2
-    md = ["", f"The host's copy bandwidth (256 MB, each round) took two levels; the rounds at each:", "",
+    md = ["", f"The host's copy bandwidth ({HOST_PROBE_BYTES >> 20} MB, each round) took two levels; the rounds "
+          "at each:", "",
           "| host copy GB/s (median) | rounds | " + " | ".join(f"{b} ms / ORT ms" for b in builds) + " |",
           "|---|---|" + "---|" * len(builds)]
     for part in (gbps <= mid, gbps > mid):
         ort = np.median(np.array(times["ort"])[part])
-        cells = [f"{np.median(np.array(times[b])[part]):.3f} / {ort:.3f} = "
-                 f"{np.median(np.array(times[b])[part]) / ort:.3f}" for b in builds]
+        ours = [np.median(np.array(times[b])[part]) for b in builds]
+        cells = [f"{ms:.3f} / {ort:.3f} = {ms / ort:.3f}" for ms in ours]
         md.append(f"| {np.median(gbps[part]):.0f} | {int(part.sum())} | " + " | ".join(cells) + " |")
     return md
 
