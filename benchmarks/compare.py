@@ -931,11 +931,19 @@ def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int]
         curve.setdefault("tuning_s", []).append([trials, so_far])
         curve["estimated"] = estimated_curve(r["result"], tuned["median_ms"], flat=args.allocation == "flat")
         avg = " on average" if args.allocation == "latency" else ""
+        row = f"{label}{winograd_taken(r['result'])}" if wino else label
         lib = library_note(r["result"])
         if lib:  # a point that started from the records library stands on the trials behind it too
             curve.setdefault("library", []).append([trials, lib])
             avg += f" + records library: {lib['trials_behind']:.0f} trials/task from {', '.join(lib['commits'])}"
-        add(name, f"{label} ({trials} trials/task{avg})", tuned)
+        add(name, f"{row} ({trials} trials/task{avg})", tuned)
+
+
+def winograd_taken(result: dict[str, Any]) -> str:
+    """How many convs a `--winograd` run computed as Winograd, for its row's label: the flag
+    asks, the pack pass decides (mobilenet_v2's 3x3 convs are depthwise or strided: none)."""
+    n = ((result.get("transforms") or {}).get("pack") or {}).get("winograd_convs")
+    return "" if n is None else f" on {n} convs" if n else " on no conv"
 
 
 def library_note(result: dict[str, Any]) -> dict[str, Any] | None:
