@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 STEP = "build"
-VERSION = 2  # 2: tuned weight layouts pre-packed at build time
+VERSION = 3  # 2: tuned weight layouts pre-packed at build time; 3: and read as constants, not a tuple per call
 LIB = "model.so"
 GPU_KINDS = ("cuda", "opencl", "vulkan", "metal", "rocm")
 
