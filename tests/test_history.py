@@ -244,3 +244,22 @@ def test_evaluations_recorded_before_the_variant_get_it_from_their_runs_result(t
     assert [r["variant"] for r in history.evaluations(root)] == [None, None]
     int8_night = _run("i", "2026-11-20", session_store, n1, tuned_ms=2.0, config=int8)
     assert guard.check(root, int8_night, 10.0).best_ms is None
+
+
+def test_a_reader_never_sees_a_history_part_before_it_is_whole(tmp_path, monkeypatch):
+    """Two runs share a store and read its history without a lock while the other appends:
+    an append writes its parts beside the dataset and renames them in only once written."""
+    row = {"run_id": "r1", "night": "2026-11-29"}
+    rows = [{f.name: row.get(f.name) for f in history.EVALUATION_SCHEMA}]
+    seen_while_writing = []
+    real_write = ds.write_dataset
+
+    def write_then_look(*args, **kwargs):
+        real_write(*args, **kwargs)
+        seen_while_writing.append(history.read(tmp_path, history.EVALUATIONS).num_rows)
+
+    monkeypatch.setattr(history.ds, "write_dataset", write_then_look)
+    assert history._append(tmp_path, history.EVALUATIONS, history.EVALUATION_SCHEMA, "run_id", rows) == 1
+    assert seen_while_writing == [0]  # written, not yet published
+    assert history.read(tmp_path, history.EVALUATIONS).column("run_id").to_pylist() == ["r1"]
+    assert not list(history.history_dir(tmp_path).glob(".staging-*"))  # nothing left beside it

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 import time
 import uuid
 from collections.abc import Iterable
@@ -118,12 +120,22 @@ def _append(store_root: Path, name: str, schema: pa.Schema, id_col: str, rows: l
         if not fresh:
             return 0
         table = pa.Table.from_pylist(fresh, schema=schema)
-        ds.write_dataset(
-            table, base, format="parquet",
-            partitioning=ds.partitioning(pa.schema([("night", pa.string())]), flavor="hive"),
-            basename_template=f"part-{int(time.time())}-{uuid.uuid4().hex[:8]}-{{i}}.parquet",
-            existing_data_behavior="overwrite_or_ignore",
-        )
+        # Readers take no lock (a run reads the history while another appends): the parts
+        # are written beside the dataset and renamed into it whole, so no reader ever opens
+        # a part still being written ("Parquet magic bytes not found in footer").
+        staging = history_dir(store_root) / f".staging-{name}-{uuid.uuid4().hex}"
+        try:
+            ds.write_dataset(
+                table, staging, format="parquet",
+                partitioning=ds.partitioning(pa.schema([("night", pa.string())]), flavor="hive"),
+                basename_template=f"part-{int(time.time())}-{uuid.uuid4().hex[:8]}-{{i}}.parquet",
+            )
+            for part in sorted(staging.rglob("*.parquet")):
+                dest = base / part.relative_to(staging)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(part, dest)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
         return len(fresh)
 
 
