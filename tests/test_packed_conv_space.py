@@ -163,9 +163,10 @@ def test_a_candidate_is_neocpus_loop_nest(network):
             nest = re.findall(r"for (\w+(?:, \w+)*) in (T\.\w+|range)\(", body[:at])
             names = [n for group, _ in nest for n in group.split(", ")]
             kinds = [k for group, k in nest for _ in group.split(", ")]
-            roles, loops = re.search(r'T\.axis\.remap\("(\w+)", \[([\w, ]+)\]\)', body[at:]).groups()
-            reduction = [loop for role, loop in zip(roles, loops.split(", ")) if role == "R"]
-            reduction += re.findall(r"T\.axis\.reduce\([^,]+, (\w+)", body[at:body.index("T.writes(", at)])
+            bindings = body[at:body.index("T.writes(", at)]
+            reduction = [loop for roles, loops in re.findall(r'T\.axis\.remap\("(\w+)", \[([\w, ]+)\]\)', bindings)
+                         for role, loop in zip(roles, loops.split(", ")) if role == "R"]
+            reduction += re.findall(r"T\.axis\.reduce\([^,]+, (\w+)", bindings)
             assert reduction and all(loop in names for loop in reduction), (reduction, names)
             tile = kinds[max(names.index(loop) for loop in reduction) + 1:]
             assert tile[-2:] == ["range", "T.vectorized"] and tile[:-2] in (["T.unroll"] * 2, ["T.unroll"] * 3), nest
@@ -173,6 +174,47 @@ def test_a_candidate_is_neocpus_loop_nest(network):
             assert 'T.sblock("T_add' not in body and 'T.sblock("compute' not in body
             # weights read in the nest's order: RewriteLayout's rewrite of the layout-free weight
             assert "meta_schedule.layout_rewrite_preproc" in text
+
+
+def _output_rows(sch) -> int:
+    from loop_nests import output_shape
+
+    return output_shape(sch.mod)[2]
+
+
+def test_each_thread_writes_one_band_of_output_rows_in_every_kind_of_conv(network, int8_network,
+                                                                          depthwise_dot_network):
+    """The parallel loop is (batch, row band, channel chunks), a band per core of the target: the
+    static split gives each thread the same rows of every conv's output, so the next conv reads
+    what this thread wrote (across Zen 5's CCDs a kernel chain split by channels measured 5x
+    slower, docs/performance.md). Version 1 of the space split the channel chunks instead."""
+    from loop_nests import rows_by_thread
+
+    seen = set()
+    for lowered, spec, kinds in ((network[0], HERE, ("float", "depthwise", "nchw")),
+                                 (int8_network[1], HERE, ("dot",)),
+                                 (depthwise_dot_network[2], ICELAKE, ("depthwise_dot",))):
+        for kind in kinds:
+            for task in _packed_tasks(lowered, spec, kind):
+                # a conv whose weights outweigh its activations splits its output channels
+                # instead: each thread every row, half the weights
+                by_channels = packed_conv_space.splits_by_channels(task.dispatched[0])
+                for sch in _samples(task.dispatched[0], spec, 4):
+                    rows = _output_rows(sch)
+                    by_rows = rows_by_thread(sch.mod) == [(0, rows // 2 - 1), (rows // 2, rows - 1)]
+                    chunks = rows_by_thread(sch.mod, row_axis=1)  # the output-channel chunks each thread writes
+                    if by_channels and chunks[0][1] < chunks[1][0]:
+                        assert rows_by_thread(sch.mod) == [(0, rows - 1)] * 2, (task.task_name, sch.trace)
+                        seen.add("channels " + kind)
+                    else:  # by rows (a conv split by channels whose tile holds all its chunks has one to split)
+                        assert by_rows, (task.task_name, sch.trace)
+                        seen.add(("rows " if not by_channels else "one chunk ") + kind)
+    assert {"rows float", "rows depthwise", "rows nchw", "rows dot", "rows depthwise_dot", "channels dot"} <= seen, seen
+    # one band per core: four cores, four bands of the 16 rows
+    (c1, *_) = [t for t in _packed_tasks(network[0], HERE) if _output_rows(_samples(t.dispatched[0], HERE, 1)[0]) == 16]
+    four = dict(HERE, **{"num-cores": 4})
+    for sch in _samples(c1.dispatched[0], four, 2):
+        assert rows_by_thread(sch.mod, threads=4) == [(0, 3), (4, 7), (8, 11), (12, 15)]
 
 
 @pytest.mark.parametrize("spec, lanes, regs", [(HERE, 8, 16), (SKYLAKE, 16, 32)])
@@ -213,12 +255,15 @@ def test_a_16_lane_float_tile_on_avx2_holds_six_pixels_not_seven(network):
 
 
 @pytest.mark.skipif(not host_has_avx2, reason="this CPU has no AVX2: the module cannot run here")
-def test_ragged_register_tiles_are_sampled_and_compute_every_pixel(tmp_path):
+@pytest.mark.parametrize("size, pixel_tiles", [(7, {5, 6}), (14, {2})])
+def test_ragged_register_tiles_are_sampled_and_compute_every_pixel(tmp_path, size, pixel_tiles):
     """Tile widths that do not divide the output's (resnet's 7 x 2^k widths: 6 of 56, 4 of 7)
     are in the space, and so are tiles over the row-major pixels across rows (5 or 6 of a 7 x 7
-    output's 49); the last, partial tile of either writes exactly the pixels that exist."""
+    output's 49); the last, partial tile of either writes exactly the pixels that exist. At
+    14 x 14 the pixels split into two bands of 98, one per core, and tiles over the pixels
+    divide the band (98 = 49 x 2; 7 x 2 pixels of 16 lanes need 17 AVX2 registers)."""
     intrin_registry.load()  # what a TuneContext imports, in seconds
-    x = np.random.default_rng(0).standard_normal((1, 16, 7, 7)).astype("float32")
+    x = np.random.default_rng(0).standard_normal((1, 16, size, size)).astype("float32")
 
     class Net(nn.Module):
         def __init__(self):
@@ -246,14 +291,16 @@ def test_ragged_register_tiles_are_sampled_and_compute_every_pixel(tmp_path):
         if sch is not None:
             _, pixels, chunks, _ = packed_conv_space.tile_shape(sch)
             tiles.setdefault((_over_rows(sch), pixels if chunks == 1 else -pixels), sch)
-        if {(True, 5), (True, 6), (False, 4), (False, 5), (False, 6)} <= set(tiles):
+        if {(True, w) for w in pixel_tiles} | {(False, 4), (False, 5), (False, 6)} <= set(tiles):
             break
-    ragged = sorted(w for over, w in tiles if not over and w > 0 and 7 % w)
+    ragged = sorted(w for over, w in tiles if not over and w > 0 and size % w)
     assert ragged and max(w for _, w in tiles) <= packed_conv_space.MAX_REG_N, sorted(tiles)
-    assert {(True, 5), (True, 6)} <= set(tiles), sorted(tiles)  # 49 = 9 x 5 + 4 = 8 x 6 + 1
+    over_rows = {w for over, w in tiles if over}
+    assert pixel_tiles <= over_rows, over_rows  # 49 = 9 x 5 + 4 = 8 x 6 + 1
+    assert size == 7 or all(98 % abs(w) == 0 for w in over_rows), over_rows  # whole tiles of a band
     (tmp_path / "extract").mkdir()
     (tmp_path / "extract" / "lowered.json").write_text(tvm.ir.save_json(lowered))
-    for key in [(False, w) for w in ragged[-2:]] + [(True, 5), (True, 6)]:
+    for key in [(False, w) for w in ragged[-2:]] + [(True, w) for w in sorted(pixel_tiles)]:
         out_dir, db_dir = tmp_path / f"out{key}", tmp_path / f"db{key}"
         out_dir.mkdir()
         db_dir.mkdir()
@@ -267,10 +314,9 @@ def test_ragged_register_tiles_are_sampled_and_compute_every_pixel(tmp_path):
 
 
 def _over_rows(sch) -> bool:
-    """Whether the candidate's float tile runs over the row-major pixels (one pixel axis in the
-    conv's update block, and its output laid out as [.., H x W, ..] before the epilogue)."""
-    update = sch.get(sch.get_sblock("conv2d_packed_update"))
-    return len(update.iter_vars) == 9 and len(update.writes[0].source.shape) == 5
+    """Whether the candidate's float tile runs over the row-major pixels (the conv's output laid
+    out as [.., H x W, ..] or [.., band, pixel of the band, ..] before the epilogue)."""
+    return any(inst.kind.name == "TransformBlockLayout" for inst in sch.trace.insts)
 
 
 @pytest.mark.parametrize("spec, register", [(HERE, "ymm"), (SKYLAKE, "zmm")])

@@ -8,8 +8,8 @@ paper (Liu et al., USENIX ATC 2019; Relay's x86 `conv2d_NCHWc` and `conv2d_NCHWc
 schedules) is known to reach vendor-library speed with a handful of knobs, so for packed conv
 tasks we search only its space:
 
-    parallel over (batch block, output-channel chunks, output rows)
-      for ow_outer:                               # a register tile of the output
+    parallel over (batch block, row band, output-channel chunks)   # a band of rows per core
+      for oh_outer (in the band), ow_outer:       # a register tile of the output
         for ic_chunk, kh, kw, (ic_lane):          # the reduction
           for oh_inner, ow_inner, oc_chunk_inner: # unrolled: reg_h x reg_n x oc_tile accumulators
             for oc_lane (x ic_lane):              # float: vectorized over the 16 output lanes;
@@ -38,6 +38,13 @@ the int64 loop variables after LowerOpaqueBlock turned the hint into an attribut
 variable, so the hint never reaches its loop (checked on the lowered TIR: without
 NarrowDataType the same module is peeled).
 
+Each thread computes one band of the output's rows, every channel of them (`_row_bands`):
+the next conv then reads its input from the core that wrote it. Version 1 of this space split
+the output-channel chunks between the threads, and a thread's next conv read what the other
+one wrote; across the two CCDs of a Zen 5 host that made mobilenet_v2 fp32 1.6x slower than
+on one CCD, against 1.5x for ONNX Runtime (docs/performance.md). Records of version 1 are
+carried into this one by `space_upgrade`.
+
 Float weights are constants marked layout-free: `RewriteLayout` stores them in the order
 this nest reads them ([oc_chunk, ic_chunk, kh, kw, ic_lane, oc_tile, oc_lane]), once, at
 build time; int8 weights already are in the dot product's `OIHW16o4i`.
@@ -63,7 +70,7 @@ from .passes.packed_ops import DEPTHWISE_DOT, DOT_CONV, PACKED_CONV, PACKED_DEPT
 
 # in the tuning state's space label (from 2 on): a change of a nest searches the tasks that
 # exhausted the old one again
-VERSION = 1
+VERSION = 2  # 2: the parallel loop over row bands, one per core (`_row_bands`)
 MAX_REG_N = 8      # output columns per register tile
 MAX_REG_H = 4      # output rows per register tile
 MAX_OC_TILE = 4    # packed output-channel chunks per register tile
@@ -144,58 +151,67 @@ def _dot_intrinsic(sch, block, target: Any) -> str | None:
     return int8_dot.intrinsic_for(target, _block_lanes(stmt), signed=int8_dot.dot_operands(stmt) == "int8")
 
 
-def design_spaces(sch, intrin: str | None = None) -> list:
+def design_spaces(sch, intrin: str | None = None, bands: int | None = None) -> list:
     """The task's design spaces: the nest with tiles of rows x columns and, for a float conv
     whose epilogue can follow a pixel axis, the nest with tiles over the row-major pixels
     (`_fuse_pixels`). Two spaces, not one sampled branch: MetaSchedule draws its candidates
     by replaying a space's trace with new decisions, never by calling this function again,
     so a choice made in Python here would hold for every candidate of the task."""
     over_rows = sch.copy()
-    schedule(sch, intrin)
-    return [sch, over_rows] if schedule(over_rows, intrin, pixel_tiles=True) else [sch]
+    schedule(sch, intrin, bands=bands)
+    return [sch, over_rows] if schedule(over_rows, intrin, pixel_tiles=True, bands=bands) else [sch]
 
 
-def schedule(sch, intrin: str | None = None, pixel_tiles: bool = False) -> bool:
+def schedule(sch, intrin: str | None = None, pixel_tiles: bool = False, bands: int | None = None) -> bool:
     """Apply the space's schedule to `sch` (a workload `conv_kind` accepted), sampling its
     knobs; `intrin`: the dot-product intrinsic for an int8 conv; `pixel_tiles`: a float
     conv's tile over the row-major pixels (False, leaving `sch` unscheduled, where that
-    does not apply)."""
+    does not apply); `bands`: row bands of the parallel loop (`parallel_bands`: this machine's
+    cores by default)."""
     conv, kind = _conv_block(sch)
+    bands = bands or parallel_bands()
     _inline_elementwise(sch, conv)
     if pixel_tiles and (kind != "float" or not _pixel_axis_fits(sch, conv)):
         return False
     if kind == "nchw":
-        _schedule_nchw(sch, conv)
+        _schedule_nchw(sch, conv, bands)
         return True
     if kind == "depthwise" or (kind == "depthwise_dot" and intrin is None):
-        _schedule_depthwise(sch, conv)
+        _schedule_depthwise(sch, conv, bands)
         return True
     if kind == "depthwise_dot":
-        _schedule_depthwise_dot(sch, conv, intrin)
+        _schedule_depthwise_dot(sch, conv, intrin, bands)
         return True
+    by_channels = _weights_outweigh_activations(sch, conv)
+    if by_channels:
+        bands = 1  # each thread its share of the output channels, all rows: half the weights each
     if pixel_tiles:
-        _fuse_pixels(sch, conv)
-        b_o, c_o, pixels, b_i, c_i, k_o, d_i, d_j, k_i = sch.get_loops(conv)
+        if _fuse_pixels(sch, conv, bands):
+            b_o, c_o, band, pixels, b_i, c_i, k_o, d_i, d_j, k_i = sch.get_loops(conv)
+        else:
+            (b_o, c_o, pixels, b_i, c_i, k_o, d_i, d_j, k_i), band = sch.get_loops(conv), None
         c_o_o, c_o_i = sch.split(c_o, sch.sample_perfect_tile(c_o, n=2, max_innermost_factor=MAX_OC_TILE))
-        tile_o, tile_i = _split_width(sch, pixels)
-        sch.reorder(b_o, c_o_o, tile_o, k_o, d_i, d_j, k_i, tile_i, c_o_i, b_i, c_i)
+        tile_o, tile_i = _split_width(sch, pixels, whole=band is not None)
         tile = (tile_i,)
-        outer = tile_o = sch.fuse(b_o, c_o_o, tile_o)  # every tile a parallel job
+        outer = _parallel_over_rows(sch, b_o, band, c_o_o, tile_o, [k_o, d_i, d_j, k_i, tile_i, c_o_i, b_i, c_i],
+                                    by_channels)
+        if band is None:
+            tile_o = outer  # every tile its own parallel job
     else:
         b_o, c_o, oh, ow, b_i, c_i, k_o, d_i, d_j, k_i = sch.get_loops(conv)
+        band, oh = _row_bands(sch, oh, bands)
         c_o_o, c_o_i = sch.split(c_o, sch.sample_perfect_tile(c_o, n=2, max_innermost_factor=MAX_OC_TILE))
         oh_o, oh_i = sch.split(oh, sch.sample_perfect_tile(oh, n=2, max_innermost_factor=MAX_REG_H))
         if kind == "float":
             ow_o, ow_i = _split_width(sch, ow)
-            sch.reorder(b_o, c_o_o, oh_o, ow_o, k_o, d_i, d_j, k_i, oh_i, ow_i, c_o_i, b_i, c_i)
+            inner = [ow_o, k_o, d_i, d_j, k_i, oh_i, ow_i, c_o_i, b_i, c_i]
         else:  # the tensorized dot product takes no bounds check inside its block (whole tiles);
             # its 16 (or 8) lanes x 4 reduction steps stay innermost, as one block
             ow_o, ow_i = sch.split(ow, sch.sample_perfect_tile(ow, n=2, max_innermost_factor=MAX_REG_N))
-            sch.reorder(b_o, c_o_o, oh_o, ow_o, k_o, d_i, d_j, oh_i, ow_i, c_o_i, b_i, c_i, k_i)
+            inner = [ow_o, k_o, d_i, d_j, oh_i, ow_i, c_o_i, b_i, c_i, k_i]
+        _parallel_over_rows(sch, b_o, band, c_o_o, oh_o, inner, by_channels)
         tile = (oh_i, ow_i)
         tile_o = ow_o
-        outer = sch.fuse(b_o, c_o_o, oh_o)
-    sch.parallel(outer)
     if kind == "float":
         sch.vectorize(c_i)  # before the reduction is split up: TIR checks its dataflow here
     _schedule_producers(sch, conv)
@@ -220,10 +236,93 @@ def schedule(sch, intrin: str | None = None, pixel_tiles: bool = False) -> bool:
     return True
 
 
-def _split_width(sch, loop) -> tuple[Any, Any]:
+def _row_bands(sch, rows, bands: int) -> tuple[Any, Any]:
+    """Split an output's rows (or row-major pixels) into `bands` equal bands, one per thread:
+    (the band loop, the rows of one band); (None, `rows`) where they do not divide evenly (a
+    ragged band would put a bounds check on every tile, and the dot product's tensorized
+    block takes none).
+
+    Why bands: each thread then writes the same rows of every conv's output, and the next
+    conv reads them back from its own core's caches. Split by channels (this space's parallel
+    loop until version 2), a thread's 1x1 conv reads the channels its partner wrote: when the
+    host places the two vCPUs on different Zen 5 CCDs (a core-to-core round trip of 400 ns,
+    not 95), a chain of such kernels measured 110 us per kernel against 21 us split by rows
+    (docs/performance.md)."""
+    extent = int(sch.get(rows).extent)
+    if bands <= 1 or extent % bands:
+        return None, rows
+    band, rest = sch.split(rows, [bands, extent // bands])
+    return band, rest
+
+
+def _parallel_over_rows(sch, batch, band, chunks, rows, inner: list, by_channels: bool = False) -> Any:
+    """Order the nest (batch, band, chunks, rows, *inner) and run (batch, band, chunks) in
+    parallel: the static split of that loop gives each thread its band, and inside it the
+    order tuned before bands (chunks, then rows: a chunk's weights stay hot over the band's
+    rows, a depthwise conv's input rows in L1). Without a band, (batch, rows, chunks) in
+    parallel: still contiguous rows per thread. `by_channels` (a conv whose weights outweigh
+    its activations, `_weights_outweigh_activations`): (batch, chunks, rows), each thread a
+    share of the output channels. Returns the parallel loop."""
+    if by_channels:
+        sch.reorder(batch, chunks, rows, *inner)
+        outer = sch.fuse(batch, chunks, rows)
+    elif band is not None:
+        sch.reorder(batch, band, chunks, rows, *inner)
+        outer = sch.fuse(batch, band, chunks)
+    else:
+        sch.reorder(batch, rows, chunks, *inner)
+        outer = sch.fuse(batch, rows, chunks)
+    sch.parallel(outer)
+    return outer
+
+
+def _weights_outweigh_activations(sch, conv) -> bool:
+    """Whether the conv reads more bytes of weights than of activations (its input and output):
+    the 1x1 convs of a network's last, 7 x 7 stage (mobilenet_v2's 320->1280: 1.6 MB of weights,
+    0.3 MB of activations). Split by channels, each core reads only its half of the weights,
+    and keeps it in its own L2 from one inference to the next; the activations it then reads
+    from the other core are the small part. Every other conv splits by rows (`_row_bands`)."""
+    import tvm_ffi
+
+    stmt = sch.get(conv)
+
+    def nbytes(region) -> int:
+        n = max(1, tvm_ffi.dtype(str(region.source.dtype)).bits // 8)
+        for d in region.source.shape:
+            n *= int(d)
+        return n
+
+    if len(stmt.reads) < 2:
+        return False
+    data, weight = stmt.reads[0], stmt.reads[1]
+    return nbytes(weight) > nbytes(data) + nbytes(stmt.writes[0])
+
+
+def splits_by_channels(workload: Any) -> bool:
+    """Whether this space splits the workload's conv between threads by output channels, not by
+    rows (`_weights_outweigh_activations`)."""
+    from tvm.s_tir import Schedule
+
+    sch = Schedule(workload)
+    conv, kind = _conv_block(sch)
+    _inline_elementwise(sch, conv)  # as `schedule` reads the conv's buffers
+    return kind in ("float", "dot") and _weights_outweigh_activations(sch, conv)
+
+
+def parallel_bands(target: Any = None) -> int:
+    """Row bands per conv: one per core of the target (its "num-cores", else this machine's)."""
+    import os
+
+    cores = target.attrs.get("num-cores") if target is not None and "num-cores" in target.attrs else None
+    return max(1, int(cores or os.cpu_count() or 1))
+
+
+def _split_width(sch, loop, whole: bool = False) -> tuple[Any, Any]:
     """Split an output width into register tiles of a sampled 1..8 pixels, ragged or not (the
-    last tile of a ragged split computes only the pixels that exist)."""
-    widths = list(range(1, min(MAX_REG_N, int(sch.get(loop).extent)) + 1))
+    last tile of a ragged split computes only the pixels that exist); `whole`: only tiles that
+    divide it (a band's pixels: `_fuse_pixels`)."""
+    extent = int(sch.get(loop).extent)
+    widths = [w for w in range(1, min(MAX_REG_N, extent) + 1) if not whole or extent % w == 0]
     factor = sch.sample_categorical(widths, probs=[1 / len(widths)] * len(widths))
     return sch.split(loop, [None, factor])
 
@@ -238,20 +337,39 @@ def _pixel_axis_fits(sch, conv) -> bool:
     return bool(consumers) and all([int(v.dom.extent) for v in sch.get(c).iter_vars] == shape for c in consumers)
 
 
-def _fuse_pixels(sch, conv) -> None:
+def _fuse_pixels(sch, conv, bands: int) -> bool:
     """Lay the conv's output (an intermediate before its epilogue) out as [.., H * W, ..], and
     iterate the conv and its epilogue over that one pixel axis, so a tile of pixels may span
     rows. On resnet's 7 x 7 outputs a row tile is 4 + 3 or 6 + 1 pixels (the short tile
     leaves the FMA units waiting); 49 pixels in tiles of 5 or 6 are nearly all whole tiles.
     Measured (AVX2 EPYC, 2 threads, each timed in the same run): 512->512 7x7 conv 2.25 ms
     with the best row tile of 16 trials, 1.86-1.93 ms with 5-6 pixels over rows (ONNX
-    Runtime 1.90 ms); 256->256 14x14: 1.82 -> 1.72 ms (ORT 1.63)."""
+    Runtime 1.90 ms); 256->256 14x14: 1.82 -> 1.72 ms (ORT 1.63).
+
+    Where the pixels divide into `bands` (`_row_bands`), the axis is [.., band, pixel of the
+    band, ..], and the tiles divide the band (`_split_width(whole=True)`): the tile's
+    write-back takes its extent from the region TIR proves the tile writes, which does not
+    see a ragged tile's bound, so the last tile of a band would write the whole band (or,
+    over one axis of H * W, the next band's first pixels, from accumulators it never
+    computed). Returns whether it made bands."""
     width = int(sch.get(sch.get_loops(conv)[3]).extent)
+    pixels = width * int(sch.get(sch.get_loops(conv)[2]).extent)
+    if bands > 1 and pixels % bands == 0:
+        per = pixels // bands
+        sch.transform_layout(conv, ("write", 0), lambda b, c, h, w, bi, ci: (
+            b, c, (h * width + w) // per, (h * width + w) % per, bi, ci))
+        sch.transform_block_layout(conv, lambda b, c, h, w, bi, ci, ko, di, dj, ki: (
+            b, c, (h * width + w) // per, (h * width + w) % per, bi, ci, ko, di, dj, ki))
+        for consumer in sch.get_consumers(conv):  # the epilogue (inlined into one block by now)
+            sch.transform_block_layout(consumer, lambda b, c, h, w, bi, ci: (
+                b, c, (h * width + w) // per, (h * width + w) % per, bi, ci))
+        return True
     sch.transform_layout(conv, ("write", 0), lambda b, c, h, w, bi, ci: (b, c, h * width + w, bi, ci))
     sch.transform_block_layout(conv, lambda b, c, h, w, bi, ci, ko, di, dj, ki:
                                (b, c, h * width + w, bi, ci, ko, di, dj, ki))
-    for consumer in sch.get_consumers(conv):  # the epilogue (inlined into one block by now)
+    for consumer in sch.get_consumers(conv):
         sch.transform_block_layout(consumer, lambda b, c, h, w, bi, ci: (b, c, h * width + w, bi, ci))
+    return False
 
 
 def _sample_unroll(sch) -> None:
@@ -259,15 +377,15 @@ def _sample_unroll(sch) -> None:
     sch.annotate(sch.get_sblock("root"), "meta_schedule.unroll_explicit", unroll)
 
 
-def _schedule_depthwise(sch, conv) -> None:
+def _schedule_depthwise(sch, conv, bands: int) -> None:
     """A packed depthwise conv: each lane of the 16-channel block is its own channel, so the
     nest is the same without the input-channel reduction (the taps kh x kw are the reduction,
     a register tile of output pixels reuses nothing but the tap's weight vector)."""
     b_o, c_o, oh, ow, b_i, c_i, d_i, d_j = sch.get_loops(conv)
+    band, oh = _row_bands(sch, oh, bands)
     oh_o, oh_i = sch.split(oh, sch.sample_perfect_tile(oh, n=2, max_innermost_factor=MAX_REG_H))
     ow_o, ow_i = _split_width(sch, ow)
-    sch.reorder(b_o, c_o, oh_o, ow_o, d_i, d_j, oh_i, ow_i, b_i, c_i)
-    sch.parallel(sch.fuse(b_o, c_o, oh_o))
+    _parallel_over_rows(sch, b_o, band, c_o, oh_o, [ow_o, d_i, d_j, oh_i, ow_i, b_i, c_i])
     sch.vectorize(c_i)
     _schedule_producers(sch, conv)
     for loop in (oh_i, ow_i):
@@ -281,15 +399,15 @@ def _schedule_depthwise(sch, conv) -> None:
     _sample_unroll(sch)
 
 
-def _schedule_depthwise_dot(sch, conv, intrin: str) -> None:
+def _schedule_depthwise_dot(sch, conv, intrin: str, bands: int) -> None:
     """A packed depthwise conv with its taps in fours: the same tile of output pixels, each
     pixel's row of taps one dot product (`intrin`) into its 16 lanes. The intrinsic reads
     whole tiles (no bounds check inside it), so the tile's width divides the output's."""
     b_o, c_o, oh, ow, b_i, c_i, d_i, d_j = sch.get_loops(conv)
+    band, oh = _row_bands(sch, oh, bands)
     oh_o, oh_i = sch.split(oh, sch.sample_perfect_tile(oh, n=2, max_innermost_factor=MAX_REG_H))
     ow_o, ow_i = sch.split(ow, sch.sample_perfect_tile(ow, n=2, max_innermost_factor=MAX_REG_N))
-    sch.reorder(b_o, c_o, oh_o, ow_o, d_i, oh_i, ow_i, b_i, c_i, d_j)
-    sch.parallel(sch.fuse(b_o, c_o, oh_o))
+    _parallel_over_rows(sch, b_o, band, c_o, oh_o, [ow_o, d_i, oh_i, ow_i, b_i, c_i, d_j])
     _schedule_producers(sch, conv)
     for loop in (oh_i, ow_i):
         sch.unroll(loop)
@@ -312,7 +430,7 @@ def _tensorize_lanes(sch, lanes_loop, reduction_outer, intrin: str) -> None:
     sch.tensorize(dot, intrin)
 
 
-def _schedule_nchw(sch, conv) -> None:
+def _schedule_nchw(sch, conv, bands: int) -> None:
     """The same nest for a plain NCHW conv: the output channels split into chunks of 16 (or 8)
     lanes, vectorized; weights re-laid out by RewriteLayout as if packed; the tile written
     back to NCHW once its reduction is done (one strided store per lane and pixel, against
@@ -320,11 +438,11 @@ def _schedule_nchw(sch, conv) -> None:
     nn, ff, yy, xx, rc, ry, rx = sch.get_loops(conv)
     lanes = _nchw_lanes(int(sch.get(ff).extent))
     ff_c, ff_l = sch.split(ff, [None, lanes])
+    band, yy = _row_bands(sch, yy, bands)
     ff_o, ff_t = sch.split(ff_c, sch.sample_perfect_tile(ff_c, n=2, max_innermost_factor=MAX_OC_TILE))
     yy_o, yy_i = sch.split(yy, sch.sample_perfect_tile(yy, n=2, max_innermost_factor=MAX_REG_H))
     xx_o, xx_i = _split_width(sch, xx)
-    sch.reorder(nn, ff_o, yy_o, xx_o, rc, ry, rx, yy_i, xx_i, ff_t, ff_l)
-    sch.parallel(sch.fuse(nn, ff_o, yy_o))
+    _parallel_over_rows(sch, nn, band, ff_o, yy_o, [xx_o, rc, ry, rx, yy_i, xx_i, ff_t, ff_l])
     sch.vectorize(ff_l)
     _schedule_producers(sch, conv)
     for loop in (yy_i, xx_i, ff_t):
@@ -371,7 +489,8 @@ def _schedule_producers(sch, conv) -> None:
         loops = sch.get_loops(producer)
         if len(loops) < 3:
             continue
-        sch.parallel(sch.fuse(*loops[:3]))
+        sch.reorder(loops[2], loops[1])  # rows before channels: a thread pads the rows its band reads
+        sch.parallel(sch.fuse(loops[0], loops[2], loops[1]))
         if int(sch.get(loops[-1]).extent) <= 64:  # a packed block's lanes, not a whole NCHW row
             sch.vectorize(loops[-1])
 
@@ -489,5 +608,7 @@ def space_generator(target: Any, kind: str, workload: Any = None) -> Any:
     if kind in ("float", "nchw"):  # dot: weights already in the dot product's layout; depthwise: read once
         postprocs.append(ms.postproc.RewriteLayout())
     mutators = {ms.mutator.MutateTileSize(): 0.8, ms.mutator.MutateUnroll(): 0.2}
-    return ms.space_generator.ScheduleFn(lambda sch: design_spaces(sch, intrin), sch_rules=[], postprocs=postprocs,
+    bands = parallel_bands(target)
+    return ms.space_generator.ScheduleFn(lambda sch: design_spaces(sch, intrin, bands), sch_rules=[],
+                                         postprocs=postprocs,
                                          mutator_probs=mutators)

@@ -119,9 +119,9 @@ def plain_json(obj) -> Any:
         return str(obj)
     if isinstance(obj, IndexMap):
         return tvm.ir.save_json(obj)
-    if isinstance(obj, Array):
+    if isinstance(obj, Array | list | tuple):
         return [plain_json(i) for i in obj]
-    if isinstance(obj, Map):
+    if isinstance(obj, Map | dict):
         return {plain_json(k): plain_json(v) for k, v in obj.items()}
     raise TypeError(f"a tuning record holds a {type(obj).__name__}, which has no JSON form here")
 

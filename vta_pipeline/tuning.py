@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import (injective_space, int8_dot, intrin_registry, packed_conv_space, pools, retime, schedule_rules,
-               winograd_space)
+               space_upgrade, winograd_space)
 from .boards import BoardSpec
 from .config import MeasureConfig, TuneConfig
 from .cost_model import lease as lease_cost_model
@@ -213,12 +213,19 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
     open_database(work_dir)  # its files exist from here on, searched or not
     target = tvm.target.Target(target_spec)
     workload_mod = tvm.ir.load_json(Path(task_file).read_text())
+    space = space_label(target, workload_mod)
+    old_space = read_state(work_dir).get("space") if read_state(work_dir) else space
+    if space_upgrade.upgrades(old_space, space):
+        note = space_upgrade.upgrade_work_dir(work_dir, workload_mod, target, old_space,
+                                              design_space(target, workload_mod), LIBRARY_SEEDS)
+        log.warning("task %s: searched in %s before, now %s: its search is kept in %s, its %d best records "
+                    "carried over (%d upgraded) are measured first, and it searches its budget again", task_name,
+                    old_space or "an unlabelled space", space, note["archive"], note["records"], note["upgraded"])
     trials_before = len(read_trials(work_dir))
     if seeds and _fresh(work_dir):
-        _warm_start(work_dir, task_name, workload_mod, seeds, previous_best_ms, seed_hashes)
+        _warm_start(work_dir, task_name, workload_mod, target, seeds, previous_best_ms, seed_hashes)
     elif library and library[0] and _fresh(work_dir):
-        _stage_library(work_dir, task_name, library)
-    space = space_label(target, workload_mod)
+        _stage_library(work_dir, task_name, workload_mod, target, library)
     stopped = _search(work_dir, task_name, workload_mod, target, board, tune, measure, progress, cross_compiler, space)
     threads = _measure_after_search(work_dir, task_name, workload_mod, target, board, measure, tune, cross_compiler)
     lats, session_best, _ = history(work_dir)
@@ -234,22 +241,33 @@ def _fresh(work_dir: Path) -> bool:
     return not read_state(work_dir) and not (work_dir / "warm_start.json").exists()
 
 
-def _warm_start(work_dir: Path, task_name: str, workload_mod, seeds: list[Any], previous_best_ms: float | None,
-                seed_hashes: list[str]) -> None:
-    """Seed a fresh work dir with earlier sessions' records (see `task_database.seed_database`)."""
-    seeded = seed_database(open_database(work_dir), workload_mod, seeds)
+def _warm_start(work_dir: Path, task_name: str, workload_mod, target, seeds: list[Any],
+                previous_best_ms: float | None, seed_hashes: list[str]) -> None:
+    """Seed a fresh work dir with earlier sessions' records (see `task_database.seed_database`);
+    those tuned in an older version of the task's space are carried into the current one and
+    measured first instead (`space_upgrade`: their latencies were of another loop nest)."""
+    current, upgraded = space_upgrade.upgrade_records(seeds, workload_mod, target, design_space(target, workload_mod))
+    seeded = seed_database(open_database(work_dir), workload_mod, current)
+    if upgraded:
+        atomic_write_text(work_dir / LIBRARY_SEEDS, json.dumps({"records": upgraded, "provenance": {
+            "space_upgrade": {"from": "earlier sessions", "records": len(upgraded)}}}))
     atomic_write_text(work_dir / "warm_start.json",
                       json.dumps({"seeded": seeded, "previous_best_ms": previous_best_ms,
-                                  "schedule_hashes": list(seed_hashes)}))
+                                  "schedule_hashes": list(seed_hashes), "upgraded": len(upgraded)}))
     log.info("task %s: warm start with %d record(s) from earlier sessions (best %s ms)", task_name, seeded,
              f"{previous_best_ms:.4f}" if previous_best_ms else "-")
 
 
-def _stage_library(work_dir: Path, task_name: str, library: tuple[list[Any], dict[str, Any]]) -> None:
+def _stage_library(work_dir: Path, task_name: str, workload_mod, target,
+                   library: tuple[list[Any], dict[str, Any]]) -> None:
     """Keep the library's records in a fresh work dir (`library_seeds.json`): every search
     round of this work dir measures those not measured yet first, so a kill before they
-    were measured loses nothing."""
+    were measured loses nothing. Records exported from an older version of the task's space
+    are carried into the current one (`space_upgrade`)."""
     records, note = library
+    current, upgraded = space_upgrade.upgrade_records(records, workload_mod, target,
+                                                      design_space(target, workload_mod))
+    records = current + upgraded
     atomic_write_text(work_dir / LIBRARY_SEEDS, json.dumps({"records": records, "provenance": note}))
     atomic_write_text(work_dir / "warm_start.json", json.dumps({"seeded": 0, "library": dict(note, records=len(records))}))
     log.info("task %s: %d record(s) of the records library (%s, commit %s) are measured first", task_name,
