@@ -146,3 +146,24 @@ def test_a_task_tuned_in_version_1_searches_again_from_its_carried_records(v1, b
     target = tvm.target.Target(host_target.target_json)
     assert read_state(work)["space"] == space_label(target, workload) != "packed-conv:float"
     assert (work / "space-packed-conv_float" / "database_tuning_record.json").exists()
+
+
+def test_a_search_killed_while_tuning_is_judged_by_its_best_record(v1, tmp_path):
+    """Before c6da5e7 a state was labelled with its space only once the search finished: a work
+    dir killed mid-search says nothing, so its best record tells which space it was in."""
+    from vta_pipeline.tuning import _searched_in
+
+    target = tvm.target.Target(HERE)
+    workload, records = v1["float"]
+    label = space_label(target, workload)
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    new.mkdir()
+    _searched_in_v1(old, workload, records, "-")
+    _, upgraded = space_upgrade.upgrade_records(records, workload, target, design_space(target, workload))
+    _searched_in_v1(new, workload, upgraded, "-")
+    for work in (old, new):
+        write_state(work, status="tuning", task="t", budget=2, done=1, valid=1)  # no label
+    assert _searched_in(old, workload, target, label) is None and space_upgrade.upgrades(None, label)
+    assert _searched_in(new, workload, target, label) == label
+    assert _searched_in(tmp_path / "fresh", workload, target, label) == label

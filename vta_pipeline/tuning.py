@@ -214,7 +214,7 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
     target = tvm.target.Target(target_spec)
     workload_mod = tvm.ir.load_json(Path(task_file).read_text())
     space = space_label(target, workload_mod)
-    old_space = read_state(work_dir).get("space") if read_state(work_dir) else space
+    old_space = _searched_in(work_dir, workload_mod, target, space)
     if space_upgrade.upgrades(old_space, space):
         note = space_upgrade.upgrade_work_dir(work_dir, workload_mod, target, old_space,
                                               design_space(target, workload_mod), LIBRARY_SEEDS)
@@ -233,6 +233,23 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
                 stopped=stopped, space=space)
     return _outcome(work_dir, task_name, workload_hash, flops, stopped, lats, session_best, trials_before,
                     tune.session, previous_best_ms, threads, retimed=tune.retime_top > 1)
+
+
+def _searched_in(work_dir: Path, workload_mod, target, space: str) -> str | None:
+    """The space label the work dir's search was in: its state's (`space` when it has none
+    yet). A state without a label is a search killed while tuning (before c6da5e7 only finished
+    states were labelled): its best record says whether that was the current space (None:
+    an older one)."""
+    state = read_state(work_dir)
+    if not state:
+        return space
+    if "space" in state:
+        return state["space"]
+    best = space_upgrade.best_records(work_dir / "database_tuning_record.json", 1)
+    if not best or not space.startswith("packed-conv"):
+        return space
+    current, _ = space_upgrade.upgrade_records(best, workload_mod, target, design_space(target, workload_mod))
+    return space if current else None
 
 
 def _fresh(work_dir: Path) -> bool:
@@ -330,7 +347,7 @@ def _search(work_dir: Path, task_name: str, workload_mod, target, board: BoardSp
             stopped = "early-stopping"
             break
         n_boards = _boards_up(board, task_name, valid, tune.trials_per_task)
-        write_state(work_dir, status="tuning", task=task_name, budget=tune.trials_per_task, done=len(lats),
+        write_state(work_dir, status="tuning", task=task_name, budget=tune.trials_per_task, done=len(lats), space=space,
                     valid=valid)
         publish({"task": task_name, "trials": valid, "budget": tune.trials_per_task, "batch": []})
         log.info("task %s: %d of %d valid trials done, tuning %d more", task_name, valid, tune.trials_per_task,
