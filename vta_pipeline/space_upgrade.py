@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import shutil
 from pathlib import Path
@@ -81,16 +82,11 @@ def _mapped(new_inst, new_decision, old_inst, old_decision) -> Any:
     divides the loop (else the largest that does), a categorical choice its value where it is
     still a choice (else the largest choice below it)."""
     if new_inst.kind.name == "SamplePerfectTile":
-        extent = 1
-        for f in new_decision:
-            extent *= int(f)
+        extent = math.prod(int(f) for f in new_decision)
         old = [int(f) for f in old_decision]
         if len(old) != 2:
-            prod = 1
-            for f in old:
-                prod *= f
-            if prod != extent:
-                raise ValueError(f"a {len(old)}-level tile of {prod} on a loop of {extent}")
+            if math.prod(old) != extent:
+                raise ValueError(f"a {len(old)}-level tile of {math.prod(old)} on a loop of {extent}")
             return old
         inner = max(1, min(old[1], extent))
         while extent % inner:
@@ -135,9 +131,9 @@ def upgrade_traces(traces: list, workload_mod, target, space) -> list:
             continue
         knobs = _knobs(trace)
         upgraded = None
-        for space in spaces:
+        for space_trace in spaces:
             try:
-                replayed = _replay(space, knobs)
+                replayed = _replay(space_trace, knobs)
                 if replayed is None:
                     continue
                 sch = Schedule(workload_mod)
