@@ -49,9 +49,16 @@ ARCHIVED = "ARCHIVED"  # written into an archive once every file is in it
 
 def upgrades(old_label: str | None, new_label: str) -> bool:
     """Whether a work dir searched in the space `old_label` (`tuning.space_label`; None: from
-    before labels) is carried into `new_label`: another version of the packed-conv space."""
-    return new_label.startswith("packed-conv") and old_label != new_label and (
-        old_label is None or old_label.startswith("packed-conv"))
+    before labels) is carried into `new_label`: another version of the packed-conv space, or
+    the dense space where MetaSchedule's generic space (or an older dense space) searched
+    before. Either way the old search is kept, and its records that line up are measured first."""
+    if old_label == new_label:
+        return False
+    if new_label.startswith("packed-conv"):
+        return old_label is None or old_label.startswith("packed-conv")
+    if new_label.startswith("dense"):
+        return old_label is None or old_label == "metaschedule" or old_label.startswith("dense")
+    return False
 
 
 def structure(trace) -> str:

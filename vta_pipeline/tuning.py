@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from . import (injective_space, int8_dot, intrin_registry, packed_conv_space, pools, retime, schedule_rules,
-               space_upgrade, winograd_space)
+from . import (dense_space, injective_space, int8_dot, intrin_registry, packed_conv_space, pools, retime,
+               schedule_rules, space_upgrade, winograd_space)
 from .boards import BoardSpec
 from .config import MeasureConfig, TuneConfig
 from .cost_model import lease as lease_cost_model
@@ -157,13 +157,15 @@ def genetic_iters(round_size: int) -> int:
 
 def _space_kind(target: Any, workload_mod: Any) -> tuple[str, str | None]:
     """Which of our spaces takes the task: ("winograd", None), ("packed-conv", its conv kind),
-    ("injective", None) or ("metaschedule", None); the one dispatch `design_space` and
-    `space_label` share."""
+    ("dense", None), ("injective", None) or ("metaschedule", None); the one dispatch
+    `design_space` and `space_label` share."""
     if winograd_space.applies(workload_mod, target):
         return "winograd", None
     kind = packed_conv_space.conv_kind(workload_mod, target)
     if kind is not None:
         return "packed-conv", kind
+    if dense_space.applies(workload_mod, target):
+        return "dense", None
     if injective_space.applies(workload_mod, target):
         return "injective", None
     return "metaschedule", None
@@ -179,19 +181,24 @@ def space_label(target: Any, workload_mod: Any) -> str:
         return f"packed-conv:{kind}" + (f":{v}" if v > 1 else "")
     if space == "winograd":
         return f"winograd:{winograd_space.VERSION}"
+    if space == "dense":
+        return f"dense:{dense_space.VERSION}"
     return f"injective:{injective_space.VERSION}" if space == "injective" else space
 
 
 def design_space(target: Any, workload_mod: Any, failures: int8_dot.TensorizeFailures | None = None) -> Any:
     """The search space of one task: the Winograd space for `--winograd`'s convs
     (`winograd_space`), NeoCPU's packed-conv space for graph pack's convs on a
-    CPU (`packed_conv_space`: float, and uint8 x int8 where the CPU has a dot product), the
+    CPU (`packed_conv_space`: float, and uint8 x int8 where the CPU has a dot product), each
+    core its share of the weights for a float dense layer at small batch (`dense_space`), the
     output's own loops for a CPU function without a reduction (`injective_space`: layout
     transforms, quantizes), the dot-product rule for other uint8 x int8 blocks (`int8_dot`),
     MetaSchedule's generic space for everything else."""
     space, kind = _space_kind(target, workload_mod)
     if space == "packed-conv":
         return packed_conv_space.space_generator(target, kind, workload_mod)
+    if space == "dense":
+        return dense_space.space_generator()
     if space == "injective":
         return injective_space.space_generator()
     if space == "winograd":
