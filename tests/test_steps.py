@@ -2,7 +2,7 @@
 
 import pytest
 
-from vta_pipeline import steps
+from vta_pipeline import dense_space, steps
 from vta_pipeline.config import EvalConfig, MeasureConfig, ModelConfig, TuneConfig
 from vta_pipeline.errors import BoardError
 from vta_pipeline.extract import load_tasks
@@ -57,7 +57,7 @@ def test_evaluate_on_a_key_without_boards_fails_fast_and_names_the_key(micronet,
     assert not session_store.find("evaluate") or all(a.meta["board"].startswith(board.key) for a in session_store.find("evaluate"))
 
 
-def test_cache_keys_follow_content_and_config(session_store, micronet, host_target):
+def test_cache_keys_follow_content_and_config(session_store, micronet, host_target, monkeypatch):
     fetched, extracted = micronet
     base = ModelConfig(source="builtin", name="micronet")
     assert steps.fetch_key(session_store, base) == fetched.key
@@ -68,6 +68,9 @@ def test_cache_keys_follow_content_and_config(session_store, micronet, host_targ
     assert k != steps.tune_key(session_store, task, host_target, TuneConfig(trials_per_task=5), m, "k")
     assert k != steps.tune_key(session_store, task, host_target, TuneConfig(trials_per_task=4), m, "pynq")
     assert k == steps.tune_key(session_store, task, host_target, TuneConfig(trials_per_task=4), m, "k")
+    # a new version of one of our design spaces: the cached result no longer stands (its task searches again)
+    monkeypatch.setattr(dense_space, "VERSION", dense_space.VERSION + 1)
+    assert k != steps.tune_key(session_store, task, host_target, TuneConfig(trials_per_task=4), m, "k")
     # extraction depends on the imported model's content id, not on how it was named
     assert steps.extract_key(session_store, fetched.id, host_target) == extracted.key
 

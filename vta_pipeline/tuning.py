@@ -53,6 +53,15 @@ STEP = "tune"
 VERSION = 3  # 3: functions without a reduction search injective_space (before: one generic schedule)
 
 
+def space_versions() -> dict[str, int]:
+    """The version of each of our design spaces, part of every tune step's cache key: a
+    finished task's cached result would otherwise stand after its space changed, and the
+    task would never reach `tune_task`, which searches the new space (`space_upgrade`). A
+    task whose space did not change finds its work dir finished and returns at once."""
+    return {"packed-conv": packed_conv_space.VERSION, "winograd": winograd_space.VERSION,
+            "dense": dense_space.VERSION, "injective": injective_space.VERSION}
+
+
 @dataclass
 class TuneOutcome:
     """What a finished tuning task reports (also written as summary.json)."""
