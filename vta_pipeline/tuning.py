@@ -59,7 +59,8 @@ def space_versions() -> dict[str, int]:
     task would never reach `tune_task`, which searches the new space (`space_upgrade`). A
     task whose space did not change finds its work dir finished and returns at once."""
     return {"packed-conv": packed_conv_space.VERSION, "winograd": winograd_space.VERSION,
-            "dense": dense_space.VERSION, "injective": injective_space.VERSION}
+            "dense": dense_space.VERSION, "injective": injective_space.VERSION,
+            **{f"packed-conv:{kind}": v for kind, v in packed_conv_space.KIND_VERSIONS.items()}}
 
 
 @dataclass
@@ -186,7 +187,7 @@ def space_label(target: Any, workload_mod: Any) -> str:
     (a state without a label predates the labels)."""
     space, kind = _space_kind(target, workload_mod)
     if space == "packed-conv":  # version 1 has no suffix: the label it had before versions
-        v = packed_conv_space.VERSION
+        v = packed_conv_space.version(kind)
         return f"packed-conv:{kind}" + (f":{v}" if v > 1 else "")
     if space == "winograd":
         return f"winograd:{winograd_space.VERSION}"
