@@ -81,6 +81,36 @@ def test_a_record_of_another_workloads_space_carries_nothing(v1):
     assert space_upgrade.upgrade_records(conv_records, depthwise, target, design_space(target, depthwise)) == ([], [])
 
 
+def test_a_depthwise_record_of_version_2_is_carried_into_version_3_with_its_decisions(v1, monkeypatch):
+    # version 2's depthwise nest padded the whole input in a parallel pass of its own before the conv
+    from loop_nests import _blocks
+
+    target = tvm.target.Target(HERE)
+    workload, _ = v1["depthwise"]
+    monkeypatch.setattr(packed_conv_space, "_pad_inside",
+                        lambda sch, conv, outer: packed_conv_space._schedule_producers(sch, conv))
+    for seed in range(1, 40):  # a draw whose tile the register-limit postprocessor accepts
+        ctx = ms.TuneContext(mod=workload, target=target, space_generator=design_space(target, workload),
+                             task_name="v2", rand_state=seed)
+        (old,) = ctx.generate_design_space()
+        if all(p.apply(old) for p in ctx.space_generator.postprocs):
+            break
+    monkeypatch.undo()
+    assert space_upgrade.upgrades("packed-conv:depthwise:2", space_label(target, workload))
+
+    (trace,) = space_upgrade.upgrade_traces([old.trace], workload, target, design_space(target, workload))
+    assert trace is not None and trace is not old.trace
+    new = Schedule(workload)
+    trace.apply_to_schedule(new, remove_postproc=False)
+
+    def parallel_loops(sch) -> int:
+        found, _ = _blocks(sch.mod["main"])
+        return len({id(loop) for loops, _ in found for loop in loops if loop.kind == tvm.tirx.ForKind.PARALLEL})
+
+    assert (parallel_loops(old), parallel_loops(new)) == (2, 1)
+    assert packed_conv_space.tile_shape(new) == packed_conv_space.tile_shape(old) and _unroll(new) == _unroll(old)
+
+
 def _searched_in_v1(work_dir: Path, workload, records: list, label: str) -> dict[str, bytes]:
     """A work dir as version 1 left it: the records in its database (the second the faster),
     a trial log, a re-time, a finished state labelled with the old space. Returns its files."""
