@@ -38,6 +38,14 @@ def _output_writer(func):
             if r.block.writes and not any(r.block.writes[0].source.same_as(b) for b in allocated)][-1]
 
 
+def parallel_loops(mod) -> int:
+    """How many parallel loops the scheduled kernel has (each one a fork and a join of the threads)."""
+    from tvm import tirx
+
+    found, _ = _blocks(mod["main"])
+    return len({id(loop) for loops, _ in found for loop in loops if loop.kind == tirx.ForKind.PARALLEL})
+
+
 def output_shape(mod) -> list[int]:
     """The shape of the scheduled kernel's output."""
     _, realize = _output_writer(mod["main"])

@@ -152,14 +152,13 @@ def test_a_depthwise_conv_is_vectorized_over_its_channel_block(network):
 def test_a_depthwise_conv_pads_its_chunk_inside_its_one_parallel_loop(network, bottlenecks):
     # no parallel pass over the whole input and no wait for every thread before the conv:
     # each iteration of the conv's parallel loop pads its own chunk's rows, vectorized
-    from loop_nests import _blocks
+    from loop_nests import _blocks, parallel_loops
 
     for lowered, spec in ((network[0], HERE), (bottlenecks[0], HERE)):
         for task in _packed_tasks(lowered, spec, "depthwise"):
             for sch in _samples(task.dispatched[0], spec, 2):
+                assert parallel_loops(sch.mod) == 1, sch.mod.script()
                 found, _ = _blocks(sch.mod["main"])
-                parallel = {id(loop) for loops, _ in found for loop in loops if loop.kind == tvm.tirx.ForKind.PARALLEL}
-                assert len(parallel) == 1, sch.mod.script()
                 (pad,) = [(loops, r) for loops, r in found if r.block.name_hint.startswith("pad")]
                 assert pad[0][0].kind == tvm.tirx.ForKind.PARALLEL and pad[0][-1].kind == tvm.tirx.ForKind.VECTORIZED
                 lanes = int(pad[1].block.writes[0].source.shape[-1])

@@ -22,6 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .injective_space import is_spatial
+from .packed_conv_space import fuse_epilogue
+
 VERSION = 1  # in the tuning state's space label (`tuning.space_label`)
 MIN_LANES, MAX_LANES = 8, 64  # widths of a chunk of columns: a vector register's floats to what stays in registers
 MAX_INNER_K = 16  # reduction steps in the unrolled inner loop
@@ -32,7 +35,7 @@ def _reduction_block(sch) -> Any | None:
     """The one block with a reduction at the root, when it is C[i, j] += A[i, k] * W[k, j]
     (or W[j, k]): two spatial axes and one reduction axis, two float inputs."""
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    found = [b for b in blocks if any(int(iv.iter_type) != 0 for iv in sch.get(b).iter_vars)]
+    found = [b for b in blocks if not is_spatial(sch.get(b))]
     if len(found) != 1:
         return None
     stmt = sch.get(found[0])
@@ -68,14 +71,10 @@ def applies(workload: Any, target: Any) -> bool:
             return False
         if not _weights_outweigh_activations(sch, block) or not lane_widths(sch, block):
             return False
-        return all(_spatial_consumer(sch, b) for b in sch.get_child_blocks(sch.get_sblock("root"))
+        return all(is_spatial(sch.get(b)) for b in sch.get_child_blocks(sch.get_sblock("root"))
                    if not sch.get(b).same_as(sch.get(block)))
     except Exception:  # noqa: BLE001 - anything TIR will not analyse here: the generic space takes it
         return False
-
-
-def _spatial_consumer(sch, block) -> bool:
-    return all(int(iv.iter_type) == 0 for iv in sch.get(block).iter_vars)
 
 
 def lane_widths(sch, block) -> list[int]:
@@ -95,14 +94,7 @@ def schedule(sch, lanes: int) -> None:
     acc = sch.cache_write(block, 0, "local")  # a chunk's accumulators: registers once vectorized
     outer = sch.get_loops(block)[0]
     sch.reverse_compute_at(acc, outer, preserve_unit_loops=True)
-    while True:  # bias add and activation in the chunk's write-back
-        consumers = sch.get_consumers(acc)
-        if len(consumers) != 1:
-            break
-        try:
-            sch.reverse_compute_inline(consumers[0])
-        except Exception:  # noqa: BLE001 - not elementwise over the output: it stays a block
-            break
+    fuse_epilogue(sch, acc)  # bias add and activation in the chunk's write-back
     sch.vectorize(j_i)
     init = sch.decompose_reduction(block, k_o)
     sch.vectorize(sch.get_loops(init)[-1])

@@ -57,7 +57,8 @@ def applies(workload: Any, target: Any) -> bool:
         return False
 
 
-def _spatial(stmt) -> bool:
+def is_spatial(stmt) -> bool:
+    """Whether a block has no reduction axis (every iter var data-parallel)."""
     return all(int(iv.iter_type) == 0 for iv in stmt.iter_vars)  # IterVar.DataPar
 
 
@@ -66,7 +67,7 @@ def _output_block(sch) -> Any | None:
     callers work on a copy) where a block has a reduction or more than one block remains."""
     root = sch.get_sblock("root")
     blocks = sch.get_child_blocks(root)
-    if not blocks or not all(_spatial(sch.get(b)) for b in blocks):
+    if not blocks or not all(is_spatial(sch.get(b)) for b in blocks):
         return None
     for block in reversed(blocks[:-1]):
         sch.compute_inline(block)
