@@ -188,6 +188,10 @@ def test_the_cli_exports_and_shows_a_library(library, tmp_path):
     assert [(x["model"], x["workloads"], x["records"]) for x in rows] == [("micronet", 1, 4)]
     r = CliRunner().invoke(app, ["library", "export", "--store", str(tmp_path / "empty")])
     assert r.exit_code == 2 and "no history" in r.output
+    # compare.py's --store holds the pipeline's store one level down: the error names it
+    (tmp_path / "bench" / "pipeline" / "history").mkdir(parents=True)
+    r = CliRunner().invoke(app, ["library", "export", "--store", str(tmp_path / "bench")])
+    assert r.exit_code == 2 and f"--store {tmp_path / 'bench' / 'pipeline'}" in r.output.replace("\n", ""), r.output
 
 
 def test_the_shipped_library_reads_and_names_its_provenance():

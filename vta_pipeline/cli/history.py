@@ -21,8 +21,11 @@ def _history_store(store: Path | None) -> Path:
 
     root = store or Path("vta-store")
     if not history_dir(root).exists():
-        _fail(f"no history in {root}: runs append to {history_dir(root)} when they finish "
-              f"(run `vta-pipeline run` or the nightly flow first, or pass --store)")
+        nested = sorted(p.parent for p in root.glob("*/history"))
+        hint = (f"; {nested[0]} has one (benchmarks/compare.py keeps its pipeline store there): "
+                f"pass --store {nested[0]}" if nested else
+                " (run `vta-pipeline run` or the nightly flow first, or pass --store)")
+        _fail(f"no history in {root}: runs append to {history_dir(root)} when they finish{hint}")
     return root
 
 

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from vta_pipeline.cli.common import _fail
+from vta_pipeline.cli.history import _history_store
 from vta_pipeline.cli.options import JsonOpt, StoreOpt, TargetOpt
 
 library_app = typer.Typer(no_args_is_help=True,
@@ -26,12 +27,9 @@ def library_export(store: StoreOpt = None, target: TargetOpt = None, out: Librar
     """Add the store's best records on a target to the library (merged with what it holds)."""
     from vta_pipeline import records_library
     from vta_pipeline.errors import UserError
-    from vta_pipeline.history import history_dir
     from vta_pipeline.targets import resolve_target
 
-    root = store or Path("vta-store")
-    if not history_dir(root).exists():
-        _fail(f"no history in {root}: a run appends its measurements there when it finishes (or pass --store)")
+    root = _history_store(store)
     if per_workload < 1:
         _fail(f"--per-workload {per_workload}: keep at least 1 record per workload")
     try:
