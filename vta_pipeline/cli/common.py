@@ -3,6 +3,8 @@ several commands take turned into config overrides."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from vta_pipeline.errors import UserError
@@ -11,6 +13,21 @@ from vta_pipeline.errors import UserError
 def _fail(msg: str) -> None:
     typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
+
+
+def _history_store(store: Path | None) -> Path:
+    """The store whose history a command reads (`history`, `library export`), or a clear error
+    that names the store one level down where compare.py keeps it."""
+    from vta_pipeline.history import history_dir
+
+    root = store or Path("vta-store")
+    if not history_dir(root).exists():
+        nested = sorted(p.parent for p in root.glob("*/history"))
+        hint = (f"; {nested[0]} has one (benchmarks/compare.py keeps its pipeline store there): "
+                f"pass --store {nested[0]}" if nested else
+                " (run `vta-pipeline run` or the nightly flow first, or pass --store)")
+        _fail(f"no history in {root}: runs append to {history_dir(root)} when they finish{hint}")
+    return root
 
 
 def _shape(s: str | None):

@@ -4,29 +4,15 @@ of measurements and evaluations, as tables or JSON rows."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from vta_pipeline.cli.common import _fail
+from vta_pipeline.cli.common import _fail, _history_store
 from vta_pipeline.cli.options import JsonOpt, ModelOpt, StoreOpt, TargetOpt
 
 history_app = typer.Typer(no_args_is_help=True,
                           help="Questions to the store's Parquet history of measurements and evaluations.")
-
-
-def _history_store(store: Path | None) -> Path:
-    from vta_pipeline.history import history_dir
-
-    root = store or Path("vta-store")
-    if not history_dir(root).exists():
-        nested = sorted(p.parent for p in root.glob("*/history"))
-        hint = (f"; {nested[0]} has one (benchmarks/compare.py keeps its pipeline store there): "
-                f"pass --store {nested[0]}" if nested else
-                " (run `vta-pipeline run` or the nightly flow first, or pass --store)")
-        _fail(f"no history in {root}: runs append to {history_dir(root)} when they finish{hint}")
-    return root
 
 
 def _print_rows(rows: list[dict], title: str, as_json: bool, empty: str) -> None:

@@ -9,8 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vta_pipeline.cli.common import _fail
-from vta_pipeline.cli.history import _history_store
+from vta_pipeline.cli.common import _fail, _history_store
 from vta_pipeline.cli.options import JsonOpt, StoreOpt, TargetOpt
 
 library_app = typer.Typer(no_args_is_help=True,
