@@ -106,6 +106,49 @@ def test_a_depthwise_record_of_version_2_is_carried_into_version_3_with_its_deci
     assert packed_conv_space.tile_shape(new) == packed_conv_space.tile_shape(old) and _unroll(new) == _unroll(old)
 
 
+def _parallel_extents(trace) -> list[int]:
+    return [inputs[1] for kind, inputs, attrs, _ in trace.as_json(remove_postproc=True)[0]
+            if kind == "Annotate" and attrs[0] == "meta_schedule.parallel"]
+
+
+def test_a_record_whose_parallel_extent_the_search_mutated_is_seeded_as_it_was(micronet, tmp_path):
+    """The evolutionary search rewrites a generic space's parallel extent in place (MutateParallel):
+    such a record is still of its space. Taken for another space's, it was forced onto the first
+    space trace, lost its compute location and extent, and was measured again as a new schedule."""
+    from vta_pipeline.extract import load_tasks
+    from vta_pipeline.task_database import open_database, plain_json, seed_database
+    from tvm.s_tir.meta_schedule import _ffi_api
+
+    _, extracted = micronet
+    task = next(t for t in load_tasks(extracted.path) if t.op == "conv2d")
+    workload = tvm.ir.load_json((extracted.path / task.file).read_text())
+    target = tvm.target.Target(HERE)
+    assert space_label(target, workload) == "metaschedule" and not space_upgrade.versioned("metaschedule")
+    ctx = ms.TuneContext(mod=workload, target=target, space_generator=design_space(target, workload),
+                         task_name="mutated", rand_state=7)
+    mutate = ms.mutator.MutateParallel(max_jobs_per_core=16)
+    mutate._initialize_with_tune_context(ctx)
+    records = []
+    for space in ctx.generate_design_space():
+        mutated = mutate.apply(space.trace)
+        assert _parallel_extents(mutated) != _parallel_extents(space.trace)
+        sch = Schedule(workload)
+        mutated.apply_to_schedule(sch, remove_postproc=True)
+        sch.enter_postproc()
+        assert all(p.apply(sch) for p in ctx.space_generator.postprocs)
+        rec = ms.database.TuningRecord(sch.trace, ms.database.Workload(workload), [1e-4], target,
+                                       ms.arg_info.ArgInfo.from_prim_func(workload["main"]))
+        records.append(plain_json(_ffi_api.TuningRecordAsJSON(rec)))
+    assert len(records) >= 2
+    space = design_space(target, workload)
+    assert space_upgrade.upgrade_records(records, workload, target, space) == (records, [])
+    # a warm start seeds every one of them, each with its own decisions
+    db = open_database(tmp_path)
+    assert seed_database(db, workload, records) == len(records)
+    seeded = [plain_json(_ffi_api.TuningRecordAsJSON(r))[0] for r in db.get_all_tuning_records()]
+    assert sorted(map(json.dumps, seeded)) == sorted(json.dumps(r[0]) for r in records)
+
+
 def _searched_in_v1(work_dir: Path, workload, records: list, label: str) -> dict[str, bytes]:
     """A work dir as version 1 left it: the records in its database (the second the faster),
     a trial log, a re-time, a finished state labelled with the old space. Returns its files."""

@@ -38,6 +38,9 @@ from .store import atomic_write_text
 log = logging.getLogger(__name__)
 
 KNOBS = ("SamplePerfectTile", "SampleCategorical")
+# An annotation whose value the search mutates (MetaSchedule's MutateParallel rewrites the
+# value operand, not a decision): a choice like a knob's, never the structure.
+MUTATED_ANNOTATIONS = ("meta_schedule.parallel",)
 KEEP = 8  # a work dir's best records carried into the current space (as many as a re-time compares)
 # the files of a task's search in one space; `lock` and `default.json` (the default lowering's
 # latency: no space's) stay
@@ -61,16 +64,34 @@ def upgrades(old_label: str | None, new_label: str) -> bool:
     return False
 
 
+def versioned(label: str) -> bool:
+    """Whether the space `label` (`tuning.space_label`) has versions to carry records between.
+    MetaSchedule's generic space has none: a record of it that does not line up with a space
+    trace is not of an older version, and forcing it onto one (all its spaces sample the same
+    kinds of knobs) would only lose its other decisions."""
+    return label != "metaschedule"
+
+
 def structure(trace) -> str:
     """What a trace builds, whatever it sampled: its instructions before the postprocessors,
     dead ones dropped (a database keeps its records' traces simplified so), with their operands
     (the order of a reorder or a fuse is the structure) and attributes, but not the choices a
-    sampling instruction offers, nor its decisions."""
+    sampling instruction offers, nor its decisions. Nor the value of an annotation the search
+    mutates: the evolutionary search rewrites a generic space's parallel extent in place, and
+    a record so mutated is still of its space (taken for another, it was "upgraded" onto the
+    first space's trace, its compute location and parallel extent lost, and measured again)."""
     from .task_database import plain_json
 
     insts, _ = plain_json(trace.simplified(remove_postproc=True).as_json(remove_postproc=True))
-    return json.dumps([[kind, inputs, [] if kind in KNOBS else attrs, outputs]
+    return json.dumps([[kind, _unmutated(kind, inputs, attrs), [] if kind in KNOBS else attrs, outputs]
                        for kind, inputs, attrs, outputs in insts])
+
+
+def _unmutated(kind: str, inputs: list, attrs: list) -> list:
+    """An instruction's operands with a mutated annotation's value left out."""
+    if kind == "Annotate" and attrs and attrs[0] in MUTATED_ANNOTATIONS:
+        return inputs[:1]
+    return inputs
 
 
 def _knobs(trace) -> list[tuple[Any, Any]]:

@@ -280,7 +280,7 @@ def _warm_start(work_dir: Path, task_name: str, workload_mod, target, seeds: lis
     """Seed a fresh work dir with earlier sessions' records (see `task_database.seed_database`);
     those tuned in an older version of the task's space are carried into the current one and
     measured first instead (`space_upgrade`: their latencies were of another loop nest)."""
-    current, upgraded = space_upgrade.upgrade_records(seeds, workload_mod, target, design_space(target, workload_mod))
+    current, upgraded = _carried(seeds, workload_mod, target)
     seeded = seed_database(open_database(work_dir), workload_mod, current)
     if upgraded:
         atomic_write_text(work_dir / LIBRARY_SEEDS, json.dumps({"records": upgraded, "provenance": {
@@ -292,6 +292,15 @@ def _warm_start(work_dir: Path, task_name: str, workload_mod, target, seeds: lis
              f"{previous_best_ms:.4f}" if previous_best_ms else "-")
 
 
+def _carried(records: list[Any], workload_mod, target) -> tuple[list[Any], list[Any]]:
+    """Earlier records split by the task's space: (those of its current version, those carried
+    into it from an older one: `space_upgrade.upgrade_records`); all as given where the space
+    has no versions."""
+    if not space_upgrade.versioned(space_label(target, workload_mod)):
+        return list(records), []
+    return space_upgrade.upgrade_records(records, workload_mod, target, design_space(target, workload_mod))
+
+
 def _stage_library(work_dir: Path, task_name: str, workload_mod, target,
                    library: tuple[list[Any], dict[str, Any]]) -> None:
     """Keep the library's records in a fresh work dir (`library_seeds.json`): every search
@@ -299,8 +308,7 @@ def _stage_library(work_dir: Path, task_name: str, workload_mod, target,
     were measured loses nothing. Records exported from an older version of the task's space
     are carried into the current one (`space_upgrade`)."""
     records, note = library
-    current, upgraded = space_upgrade.upgrade_records(records, workload_mod, target,
-                                                      design_space(target, workload_mod))
+    current, upgraded = _carried(records, workload_mod, target)
     records = current + upgraded
     atomic_write_text(work_dir / LIBRARY_SEEDS, json.dumps({"records": records, "provenance": note}))
     atomic_write_text(work_dir / "warm_start.json", json.dumps({"seeded": 0, "library": dict(note, records=len(records))}))
