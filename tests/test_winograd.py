@@ -22,7 +22,7 @@ from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import codegen
 
-from vta_pipeline import extract, winograd_space
+from vta_pipeline import extract, ms_build, winograd_space
 from vta_pipeline.build import LIB, build_network
 from vta_pipeline.passes import winograd
 from vta_pipeline.passes.graph_pack import PackParams, graph_pack
@@ -170,8 +170,12 @@ def test_the_search_measures_candidates_of_the_space_and_keeps_the_fastest(netwo
     lowered, _, _, _ = network
     wl = _winograd_tasks(lowered)[1].dispatched[0]
     target = tvm.target.Target(HERE)
+    # the project's builder: the stock one imports every tensor intrinsic in each fresh worker,
+    # which on a loaded 2-core machine outlasted its 30 s timeout and failed every candidate
     db = ms.tir_integration.tune_tir(wl, target, str(tmp_path), max_trials_global=4, num_trials_per_iter=4,
-                                     space=design_space(target, wl), num_tuning_cores=1)
+                                     space=design_space(target, wl), num_tuning_cores=1,
+                                     builder=ms_build.make_builder(timeout_sec=120, max_workers=1),
+                                     runner=ms.runner.LocalRunner(timeout_sec=120))
     records = db.get_all_tuning_records()
     assert 1 <= len(records) <= 4
     assert all(r.run_secs and all(float(s) < 1.0 for s in r.run_secs) for r in records)
