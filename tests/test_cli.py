@@ -182,3 +182,18 @@ def test_the_depthwise_dot_flag_reaches_graph_pack_and_keeps_older_stores_keys(t
     assert pack_params(on.pack, on.vta).depthwise_dot and not pack_params(off.pack, off.vta).depthwise_dot
     assert "depthwise_dot" in _pack_config(on.pack, on.vta)["pack"]
     assert "depthwise_dot" not in _pack_config(off.pack, off.vta)["pack"]
+
+
+def test_the_winograd_tile_setting_keys_the_pack_step_only_with_winograd_on():
+    """pack.winograd_small_below changes what a --winograd pack holds (F(2x2) convs below it),
+    so it is in that pack's key; without --winograd the key is the one it had before it existed."""
+    from vta_pipeline.config import build_config
+    from vta_pipeline.steps import _pack_config
+
+    def key(**pack):
+        cfg = build_config(None, {f"pack.{k}": v for k, v in pack.items()})
+        return _pack_config(cfg.pack, cfg.vta)["pack"]
+
+    assert "winograd_small_below" not in key() and "winograd_small_below" not in key(winograd_small_below=0)
+    assert key(winograd=True)["winograd_small_below"] == 28
+    assert key(winograd=True) != key(winograd=True, winograd_small_below=0)

@@ -56,15 +56,26 @@ class Net(nn.Module):
         return nn.functional.adaptive_avg_pool2d(y, 1)
 
 
-@pytest.fixture(scope="module")
-def network():
+def _network(small_below: int):
     model = randomize(Net(), 0)
     x = np.random.default_rng(0).standard_normal((1, 3, 36, 36)).astype("float32")
     with torch.no_grad():
         ref = model(torch.from_numpy(x)).numpy()
     packed, _ = graph_pack(to_relax(model, x), PackParams())
-    rewritten, count = winograd.rewrite(packed)
+    rewritten, count = winograd.rewrite(packed, small_below=small_below)
     return lower_for_tuning(rewritten), count, x, ref
+
+
+@pytest.fixture(scope="module")
+def network():
+    """The test network with F(4x4, 3x3) at 18 x 18."""
+    return _network(small_below=0)
+
+
+@pytest.fixture(scope="module")
+def network_f2():
+    """The same network with F(2x2, 3x3) at 18 x 18 (narrower than small_below)."""
+    return _network(small_below=28)
 
 
 def _tasks(lowered):
@@ -181,3 +192,34 @@ def test_the_search_measures_candidates_of_the_space_and_keeps_the_fastest(netwo
     assert all(r.run_secs and all(float(s) < 1.0 for s in r.run_secs) for r in records)
     best = db.get_top_k(db.commit_workload(wl), 1)[0]
     assert float(best.run_secs[0]) == min(float(r.run_secs[0]) for r in records)
+
+
+@pytest.mark.skipif(not host_has_avx2, reason="this CPU has no AVX2: the module cannot run here")
+def test_a_conv_narrower_than_small_below_runs_f2_and_equals_pytorch(network_f2, tmp_path):
+    """F(2x2, 3x3): 4 x 4 tiles of input per 2 x 2 outputs, so the transformed weights are
+    4 x 4 slices (16/9 of the direct conv's, where F(4x4)'s 6 x 6 are 36/9)."""
+    lowered, count, x, ref = network_f2
+    assert count == 2
+    tasks = _winograd_tasks(lowered)
+    assert len(tasks) == 2
+    for t in tasks:
+        wl = t.dispatched[0]
+        assert [int(d) for d in wl["main"].params[1].ty.shape][:2] == [4, 4]  # U: (alpha, alpha, C, OC)
+        loops = re.findall(r"for (\w+) in T\.(\w+)\(T\.int64\((\d+)\)\)", _sample(wl, 3).mod.script())
+        # the transforms' 4-tap passes unrolled, and the inverse's 2 x 2 outputs per tile
+        assert sum(kind == "unroll" and n == "4" for _, kind, n in loops) >= 12, loops
+        assert not any(kind == "unroll" and n == "6" for _, kind, n in loops), loops
+    (tmp_path / "extract").mkdir()
+    (tmp_path / "extract" / "lowered.json").write_text(tvm.ir.save_json(lowered))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "db").mkdir()
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path / "db"))
+    target = tvm.target.Target(HERE)
+    for t in tasks:
+        wl = t.dispatched[0]
+        db.commit_tuning_record(ms.database.TuningRecord(_sample(wl, 2).trace, db.commit_workload(wl), [1e-3], target))
+    assert build_network(tmp_path / "extract", HERE, tmp_path / "out", best_db_dir=tmp_path / "db")[
+        "scheduled_functions"] == 2
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "out" / LIB)), tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4)

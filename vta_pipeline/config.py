@@ -249,6 +249,11 @@ class PackConfig(_Strict):
         False, description="Float packed 3x3 stride-1 convs whose output is at least 14 wide run as Winograd "
                            "F(4x4, 3x3): a fourth of the multiplies, weights transformed at build time; tuned in "
                            "their own design space (CPU targets).")
+    winograd_small_below: int = Field(
+        28, ge=0, description="With --winograd: convs whose output is narrower than this run as F(2x2, 3x3) "
+                              "instead, whose transformed weights are 16/9 of the direct conv's, not 36/9: in the "
+                              "network a deep conv streams them from beyond its core's L2 on every call. 0: F(4x4) "
+                              "everywhere.")
 
 
 class BoardConfig(_Strict):

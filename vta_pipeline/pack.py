@@ -60,7 +60,7 @@ def pack_model(model_dir: Path, pack: PackConfig, vta: VTAConfig, out_dir: Path)
     if pack.winograd:
         from .passes.winograd import rewrite
 
-        packed, winograd = rewrite(packed)
+        packed, winograd = rewrite(packed, small_below=pack.winograd_small_below)
     (out_dir / "module.json").write_text(tvm.ir.save_json(packed))
     (out_dir / "packed.py").write_text(packed.script(show_meta=False))
     (out_dir / "pack.json").write_text(json.dumps(rep.to_dict(), indent=1))

@@ -133,6 +133,8 @@ def quantize_step(store: ArtifactStore, model: Artifact, cfg: QuantizeConfig, se
 def _pack_config(pack: PackConfig, vta: VTAConfig) -> dict[str, Any]:
     # pad_channels, stem, depthwise_dot and winograd only when on: stores packed before they existed keep their keys
     exclude = {"enabled"} | {f for f in ("pad_channels", "stem", "depthwise_dot", "winograd") if not getattr(pack, f)}
+    if not pack.winograd:
+        exclude.add("winograd_small_below")
     return {"pack": pack.model_dump(mode="json", exclude=exclude), "vta": vta.model_dump(mode="json")}
 
 

@@ -6,7 +6,7 @@ chains of the matrices at run time: TOPI's NCHW Winograd tuned 64 trials took 1.
 56x56x64 conv that the direct packed kernel runs in 0.60. This space fixes what is known
 and samples only the GEMM's register tile:
 
-    transforms: parallel over (tile, channel chunk); the 6 x 6 tile's two 1-D passes
+    transforms: parallel over (tile, channel chunk); the 6 x 6 (F(2x2): 4 x 4) tile's two 1-D passes
       unrolled, the channel lanes vectorized, the tile kept in registers/L1 (`local`)
     GEMM, parallel over (e, n), then per oc_tile chunks and block of px tiles: for k: px
       tiles x oc_tile chunks of the output lanes, unrolled, accumulated in registers (a cache
@@ -123,13 +123,14 @@ def _schedule_inverse(sch, inverse) -> None:
     write = sch.cache_write(inverse, 0, "local")
     fuse_epilogue(sch, write)
     b_o, c_o, y, x, b_i, lane, r_d = sch.get_loops(inverse)
-    y_o, y_i = sch.split(y, [None, wg.TILE])
-    x_o, x_i = sch.split(x, [None, wg.TILE])
+    cols = sch.get_sblock(wg.COLS)
+    tile = int(sch.get(cols).writes[0].source.shape[2])  # (tiles, alpha, tile, oc): F(tile x tile, 3x3)
+    y_o, y_i = sch.split(y, [None, tile])
+    x_o, x_i = sch.split(x, [None, tile])
     sch.reorder(b_o, c_o, y_o, x_o, b_i, y_i, x_i, r_d, lane)
     outer = sch.fuse(b_o, c_o, y_o)
     sch.parallel(outer)
     sch.reverse_compute_at(write, x_o, preserve_unit_loops=True)
-    cols = sch.get_sblock(wg.COLS)
     sch.compute_at(cols, x_o)
     sch.set_scope(cols, 0, "local")
     _schedule_pass(sch, cols)

@@ -54,6 +54,6 @@ DepthwiseDotOpt = Annotated[Optional[bool], typer.Option(
 WinogradOpt = Annotated[Optional[bool], typer.Option(
     "--winograd/--no-winograd",
     help="Float packed 3x3 stride-1 convs (output at least 14 wide) as Winograd F(4x4, 3x3): a fourth of the "
-         "multiplies.")]
+         "multiplies; F(2x2, 3x3) below 28 wide (pack.winograd_small_below in a config file).")]
 # the history sub-commands' --json
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON rows instead of a table.")]

@@ -1,4 +1,4 @@
-"""Winograd F(4x4, 3x3) for graph pack's float 3x3 stride-1 convs (`--winograd`).
+"""Winograd F(4x4, 3x3) and F(2x2, 3x3) for graph pack's float 3x3 stride-1 convs (`--winograd`).
 
 A direct 3x3 conv does 9 multiply-adds per output and input channel. Winograd's minimal
 filtering (Lavin & Gray, CVPR 2016) computes each 4x4 tile of outputs from a 6x6 tile of
@@ -27,6 +27,15 @@ then `winograd_inverse`): a 6x6 tile costs 2 x 216 multiply-adds, not 1296. The 
 transform is its own function over the constant weights, so the build folds it
 (FoldConstant) and the network ships U.
 
+Narrow convs take F(2x2, 3x3) (`rewrite`'s small_below: PackConfig.winograd_small_below,
+28 by default): 4 x 4 input tiles, 16 products per 4 outputs. Its U is 16/9 of the direct
+conv's weights where F(4x4)'s is 36/9, and a deep conv's U is what it streams from beyond
+its core's L2 on every call in the network: a kernel timed alone (weights warm) never shows
+that. Measured on an AMX Xeon (2 threads, resnet18, 20 rounds in turn with ONNX Runtime):
+the three 14x14x256 convs as F(4x4) took 2.07-2.19x their tuned time inside the network,
+as F(2x2) 1.65-1.77x, and the network went from 1.089x ORT's to 1.030x; alone F(2x2) is
+the slower kernel (0.505 vs 0.461 ms).
+
 The numerics: F(4, 3)'s transforms (TVM's interpolation points 0, +-1, +-1/2, inf) lose a
 few bits against the direct sum; float32 outputs stay within 1e-5 relative here (tests).
 """
@@ -42,8 +51,8 @@ from tvm.topi.nn.winograd_util import winograd_transform_matrices
 from .graph import shape_of
 
 TILE = 4          # m: outputs per tile side
+SMALL_TILE = 2    # m for outputs narrower than `rewrite`'s small_below: F(2x2, 3x3)
 KERNEL = 3        # r
-ALPHA = TILE + KERNEL - 1
 MIN_SIZE = 14     # smallest output width taken (7 x 7 stays direct: see the module doc)
 CONV = "conv2d_winograd_packed"
 WEIGHT = "winograd_weight_packed"
@@ -70,14 +79,21 @@ def applies(call: relax.Call) -> bool:
             and data[4] == 1 and data[5] == kernel[4] == kernel[5] and data[3] >= MIN_SIZE)
 
 
-def weight_transform(kernel: te.Tensor) -> te.Tensor:
-    """U[e, n, ci, co] = (G w Gt)[e, n] of a packed kernel (O/c, I/c, 3, 3, c_o, c_i)."""
+def tile_for(width: int, small_below: int) -> int:
+    """Outputs per tile side for a conv whose output is `width` wide."""
+    return SMALL_TILE if width < small_below else TILE
+
+
+def weight_transform(kernel: te.Tensor, tile: int = TILE) -> te.Tensor:
+    """U[e, n, ci, co] = (G w Gt)[e, n] of a packed kernel (O/c, I/c, 3, 3, c_o, c_i), for
+    F(tile x tile, 3x3): (tile + 2) x (tile + 2) slices."""
     ob, ib, kh, kw, bo, bi = (int(d) for d in kernel.shape)
-    _, _, g = winograd_transform_matrices(TILE, KERNEL, "float32")
+    _, _, g = winograd_transform_matrices(tile, KERNEL, "float32")
+    alpha = tile + KERNEL - 1
     r_h = te.reduce_axis((0, kh), "r_h")
     r_w = te.reduce_axis((0, kw), "r_w")
     return te.compute(
-        (ALPHA, ALPHA, ib * bi, ob * bo),
+        (alpha, alpha, ib * bi, ob * bo),
         lambda e, n, ci, co: te.sum(
             kernel[co // bo, ci // bi, r_h, r_w, co % bo, ci % bi] * g[e, r_h] * g[n, r_w], axis=[r_h, r_w]),
         name=WEIGHT,
@@ -85,48 +101,51 @@ def weight_transform(kernel: te.Tensor) -> te.Tensor:
 
 
 def conv2d_winograd_packed(data: te.Tensor, u: te.Tensor) -> te.Tensor:
-    """The conv of packed data (N, C/c, H, W, 1, c) with transformed weights U (6, 6, C, OC),
-    padding 1: the output in the same packed layout."""
+    """The conv of packed data (N, C/c, H, W, 1, c) with transformed weights U (alpha, alpha,
+    C, OC), padding 1: the output in the same packed layout. U's alpha = tile + 2 says which
+    F(tile x tile, 3x3) it is."""
     nb, cb, h, w, _, c = (int(d) for d in data.shape)
-    oc = int(u.shape[3])
-    a_mat, b_mat, _ = winograd_transform_matrices(TILE, KERNEL, "float32")
-    n_h, n_w = (h + TILE - 1) // TILE, (w + TILE - 1) // TILE
+    alpha, oc = int(u.shape[0]), int(u.shape[3])
+    tile = alpha - KERNEL + 1
+    a_mat, b_mat, _ = winograd_transform_matrices(tile, KERNEL, "float32")
+    n_h, n_w = (h + tile - 1) // tile, (w + tile - 1) // tile
     tiles = nb * n_h * n_w
     pad = te.compute(
-        (nb, cb, n_h * TILE + 2, n_w * TILE + 2, c),
+        (nb, cb, n_h * tile + 2, n_w * tile + 2, c),
         lambda b, i, y, x, k: tirx.if_then_else(
             tirx.all(y >= 1, y <= h, x >= 1, x <= w), data[b, i, y - 1, x - 1, 0, k], tirx.const(0.0, "float32")),
         name=PAD)
 
     def tile_input(p, ci, dy, dx):  # tile p's input pixel (dy, dx), channel ci
-        return pad[p // (n_h * n_w), ci // c, p % (n_h * n_w) // n_w * TILE + dy, p % n_w * TILE + dx, ci % c]
+        return pad[p // (n_h * n_w), ci // c, p % (n_h * n_w) // n_w * tile + dy, p % n_w * tile + dx, ci % c]
 
-    r_a = te.reduce_axis((0, ALPHA), "r_a")
-    rows = te.compute((tiles, ALPHA, ALPHA, cb * c),
+    r_a = te.reduce_axis((0, alpha), "r_a")
+    rows = te.compute((tiles, alpha, alpha, cb * c),
                       lambda p, e, dx, ci: te.sum(tile_input(p, ci, r_a, dx) * b_mat[r_a, e], axis=[r_a]), name=ROWS)
-    r_b = te.reduce_axis((0, ALPHA), "r_b")
-    v = te.compute((tiles, ALPHA, ALPHA, cb * c),
+    r_b = te.reduce_axis((0, alpha), "r_b")
+    v = te.compute((tiles, alpha, alpha, cb * c),
                    lambda p, e, n, ci: te.sum(rows[p, e, r_b, ci] * b_mat[r_b, n], axis=[r_b]), name=DATA)
     k = te.reduce_axis((0, cb * c), "k")
-    m = te.compute((tiles, ALPHA, ALPHA, oc),
+    m = te.compute((tiles, alpha, alpha, oc),
                    lambda p, e, n, co: te.sum(v[p, e, n, k] * u[e, n, k, co], axis=[k]), name=GEMM)
-    r_c = te.reduce_axis((0, ALPHA), "r_c")
-    cols = te.compute((tiles, ALPHA, TILE, oc),
+    r_c = te.reduce_axis((0, alpha), "r_c")
+    cols = te.compute((tiles, alpha, tile, oc),
                       lambda p, e, dx, co: te.sum(m[p, e, r_c, co] * a_mat[r_c, dx], axis=[r_c]), name=COLS)
-    r_d = te.reduce_axis((0, ALPHA), "r_d")
+    r_d = te.reduce_axis((0, alpha), "r_d")
     return te.compute(
         (nb, oc // c, h, w, 1, c),
         lambda b, o, y, x, _bi, ci: te.sum(
-            cols[b * n_h * n_w + y // TILE * n_w + x // TILE, r_d, x % TILE, o * c + ci] * a_mat[r_d, y % TILE],
+            cols[b * n_h * n_w + y // tile * n_w + x // tile, r_d, x % tile, o * c + ci] * a_mat[r_d, y % tile],
             axis=[r_d]),
         name=INVERSE)
 
 
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
-    def __init__(self, mod):
+    def __init__(self, mod, small_below: int):
         super().__init__(mod)
         self.mod = mod
+        self.small_below = small_below
         self.count = 0
         self.conv_funcs: set[str] = set()
 
@@ -137,7 +156,9 @@ class _Rewriter(relax.PyExprMutator):
         out_dtype = str(call.attrs.out_dtype)
         if out_dtype not in ("", "void", "float32"):
             return call
-        u = self.builder_.emit(self.builder_.call_te(weight_transform, call.args[1], primfunc_name_hint=WEIGHT))
+        tile = tile_for(int(shape_of(call.args[0])[3]), self.small_below)
+        u = self.builder_.emit(self.builder_.call_te(weight_transform, call.args[1], tile,
+                                                     primfunc_name_hint=WEIGHT))
         out = self.builder_.call_te(conv2d_winograd_packed, call.args[0], u, primfunc_name_hint=CONV)
         self.conv_funcs.add(out.args[0].name_hint)
         self.count += 1
@@ -154,9 +175,10 @@ class _Rewriter(relax.PyExprMutator):
         return mod
 
 
-def rewrite(mod: Any) -> tuple[Any, int]:
+def rewrite(mod: Any, small_below: int = 0) -> tuple[Any, int]:
     """The module with every conv that `applies` rewritten to its weight transform and its
-    Winograd conv; and how many."""
-    r = _Rewriter(mod)
+    Winograd conv, F(2x2, 3x3) where its output is narrower than `small_below`, else
+    F(4x4, 3x3); and how many."""
+    r = _Rewriter(mod, small_below)
     out = r.run()
     return relax.transform.DeadCodeElimination()(out), r.count
