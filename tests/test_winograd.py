@@ -155,9 +155,9 @@ def test_the_space_unrolls_the_transforms_and_tiles_the_gemm_in_registers(networ
     assert sorted(int(np.prod(d)) for d in decisions) == [2, 25], decisions
 
 
-@pytest.mark.skipif(not host_has_avx2, reason="this CPU has no AVX2: the module cannot run here")
-@pytest.mark.parametrize("seed", [2, 9])
-def test_a_build_with_winograd_schedules_equals_pytorch(network, tmp_path, seed):
+def _build_sampled_equals_pytorch(network, tmp_path, seed: int) -> None:
+    """Build the network with a schedule sampled from the space for each Winograd task, run
+    it, and compare with PyTorch."""
     lowered, _, x, ref = network
     (tmp_path / "extract").mkdir()
     (tmp_path / "extract" / "lowered.json").write_text(tvm.ir.save_json(lowered))
@@ -174,6 +174,12 @@ def test_a_build_with_winograd_schedules_equals_pytorch(network, tmp_path, seed)
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "out" / LIB)), tvm.cpu())
     out = vm["main"](tvm.runtime.tensor(x)).numpy()
     np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not host_has_avx2, reason="this CPU has no AVX2: the module cannot run here")
+@pytest.mark.parametrize("seed", [2, 9])
+def test_a_build_with_winograd_schedules_equals_pytorch(network, tmp_path, seed):
+    _build_sampled_equals_pytorch(network, tmp_path, seed)
 
 
 @pytest.mark.skipif(not host_has_avx2, reason="this CPU has no AVX2: the module cannot run here")
@@ -198,7 +204,7 @@ def test_the_search_measures_candidates_of_the_space_and_keeps_the_fastest(netwo
 def test_a_conv_narrower_than_small_below_runs_f2_and_equals_pytorch(network_f2, tmp_path):
     """F(2x2, 3x3): 4 x 4 tiles of input per 2 x 2 outputs, so the transformed weights are
     4 x 4 slices (16/9 of the direct conv's, where F(4x4)'s 6 x 6 are 36/9)."""
-    lowered, count, x, ref = network_f2
+    lowered, count, _, _ = network_f2
     assert count == 2
     tasks = _winograd_tasks(lowered)
     assert len(tasks) == 2
@@ -209,17 +215,4 @@ def test_a_conv_narrower_than_small_below_runs_f2_and_equals_pytorch(network_f2,
         # the transforms' 4-tap passes unrolled, and the inverse's 2 x 2 outputs per tile
         assert sum(kind == "unroll" and n == "4" for _, kind, n in loops) >= 12, loops
         assert not any(kind == "unroll" and n == "6" for _, kind, n in loops), loops
-    (tmp_path / "extract").mkdir()
-    (tmp_path / "extract" / "lowered.json").write_text(tvm.ir.save_json(lowered))
-    (tmp_path / "out").mkdir()
-    (tmp_path / "db").mkdir()
-    db = ms.database.JSONDatabase(work_dir=str(tmp_path / "db"))
-    target = tvm.target.Target(HERE)
-    for t in tasks:
-        wl = t.dispatched[0]
-        db.commit_tuning_record(ms.database.TuningRecord(_sample(wl, 2).trace, db.commit_workload(wl), [1e-3], target))
-    assert build_network(tmp_path / "extract", HERE, tmp_path / "out", best_db_dir=tmp_path / "db")[
-        "scheduled_functions"] == 2
-    vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "out" / LIB)), tvm.cpu())
-    out = vm["main"](tvm.runtime.tensor(x)).numpy()
-    np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4)
+    _build_sampled_equals_pytorch(network_f2, tmp_path, 2)
