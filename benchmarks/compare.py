@@ -773,6 +773,9 @@ def main() -> None:
     ap.add_argument("--winograd", default="off", choices=["on", "off"],
                     help="the fp32 packed rows' 3x3 stride-1 convs (output at least 14 wide) as Winograd F(4x4, 3x3) "
                          "(the pipeline's --winograd)")
+    ap.add_argument("--winograd-small-below", type=int, default=None,
+                    help="with --winograd on: convs narrower than this as F(2x2, 3x3) (the pipeline's "
+                         "--winograd-small-below; default: the pipeline's, 28)")
     ap.add_argument("--retime-caches", default="warm", choices=["warm", "flushed", "auto"],
                     help="how each task's best records are re-timed after its search (the pipeline's --retime-caches)")
     ap.add_argument("--skip-overhead", action="store_true")
@@ -802,7 +805,8 @@ def main() -> None:
             "allocation": args.allocation, "records_library": args.records_library, "retime_caches": args.retime_caches,
             "blocks": {m: fp32_block(m) for m in MODELS}, "int8_dense": args.int8_dense,
             "stem": args.stem, "int8_activations": args.int8_activations, "depthwise_dot": args.depthwise_dot,
-            "winograd": args.winograd, **machine.cpu(), "date": time.strftime("%Y-%m-%d %H:%M")}
+            "winograd": args.winograd, "winograd_small_below": args.winograd_small_below, **machine.cpu(),
+            "date": time.strftime("%Y-%m-%d %H:%M")}
     previous = args.out / "compare.json"
     if args.resume and previous.exists():
         res: dict[str, Any] = json.loads(previous.read_text())
@@ -886,6 +890,8 @@ def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int]
     acts = ["--int8-activations"] if kind == "x86" and args.int8_activations == "int8" else []
     dwdot = ["--depthwise-dot"] if kind == "x86" and args.depthwise_dot == "on" else []
     wino = ["--winograd"] if kind == "fp32-packed" and args.winograd == "on" else []
+    if wino and args.winograd_small_below is not None:
+        wino += ["--winograd-small-below", str(args.winograd_small_below)]
     extra = ["--records-library", args.records_library, "--retime-caches", args.retime_caches, *(
         [] if kind == "fp32" else ["--pack", *MODELS[name]["pack"], *stem, *wino] if kind == "fp32-packed"
         else ["--vta", "--pack-layout", kind, *MODELS[name]["int8"], *dense, *stem, *acts, *dwdot])]

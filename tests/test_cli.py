@@ -185,13 +185,17 @@ def test_the_depthwise_dot_flag_reaches_graph_pack_and_keeps_older_stores_keys(t
 
 
 def test_the_winograd_tile_setting_keys_the_pack_step_only_with_winograd_on():
-    """pack.winograd_small_below changes what a --winograd pack holds (F(2x2) convs below it),
-    so it is in that pack's key; without --winograd the key is the one it had before it existed."""
+    """--winograd-small-below (pack.winograd_small_below) changes what a --winograd pack holds
+    (F(2x2) convs below it), so it is in that pack's key; without --winograd the key is the one
+    it had before it existed."""
+    from vta_pipeline.cli.common import _int8_overrides
     from vta_pipeline.config import build_config
     from vta_pipeline.steps import _pack_config
 
-    def key(**pack):
-        cfg = build_config(None, {f"pack.{k}": v for k, v in pack.items()})
+    def key(winograd=None, winograd_small_below=None):
+        given = _int8_overrides(*[None] * 7, True, *[None] * 6, winograd=winograd,  # --pack
+                                winograd_small_below=winograd_small_below)
+        cfg = build_config(None, given)
         return _pack_config(cfg.pack, cfg.vta)["pack"]
 
     assert "winograd_small_below" not in key() and "winograd_small_below" not in key(winograd_small_below=0)

@@ -48,7 +48,8 @@ def _model_overrides(model, source, onnx_path, input_shape) -> dict:
 def _int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode, calibration_data,
                     pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx, bfactor, cfactor,
                     pack_layout=None, pad_channels=None, quantize_dense=None, pack_stem=None,
-                    int8_activations=None, depthwise_dot=None, winograd=None) -> dict:
+                    int8_activations=None, depthwise_dot=None, winograd=None,
+                    winograd_small_below=None) -> dict:
     """The quantize / pack options shared by `run`, `tasks` and `pack-points`, as overrides.
     `--vta` turns both on (an explicit --no-quantize/--no-pack still wins)."""
     skip = None
@@ -68,7 +69,7 @@ def _int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, c
         "pack.start_name_idx": pack_start_idx, "pack.stop_name_idx": pack_stop_idx,
         "pack.bfactor": bfactor, "pack.cfactor": cfactor, "pack.layout": pack_layout,
         "pack.pad_channels": pad_channels, "pack.stem": pack_stem, "pack.depthwise_dot": depthwise_dot,
-        "pack.winograd": winograd,
+        "pack.winograd": winograd, "pack.winograd_small_below": winograd_small_below,
     }
     if vta_config is not None:
         from vta_pipeline.vta_config import VTAConfig

@@ -54,6 +54,10 @@ DepthwiseDotOpt = Annotated[Optional[bool], typer.Option(
 WinogradOpt = Annotated[Optional[bool], typer.Option(
     "--winograd/--no-winograd",
     help="Float packed 3x3 stride-1 convs (output at least 14 wide) as Winograd F(4x4, 3x3): a fourth of the "
-         "multiplies; F(2x2, 3x3) below 28 wide (pack.winograd_small_below in a config file).")]
+         "multiplies; F(2x2, 3x3) below 28 wide (--winograd-small-below).")]
+WinogradSmallBelowOpt = Annotated[Optional[int], typer.Option(
+    "--winograd-small-below", min=0,
+    help="With --winograd: convs whose output is narrower than this run as F(2x2, 3x3), whose transformed weights "
+         "are 16/9 of the direct conv's, not 36/9 (default 28; 0: F(4x4, 3x3) everywhere).")]
 # the history sub-commands' --json
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON rows instead of a table.")]

@@ -23,7 +23,7 @@ from vta_pipeline.cli.options import (
     PackLayoutOpt,
     PackStemOpt,
     DepthwiseDotOpt,
-    WinogradOpt,
+    WinogradOpt, WinogradSmallBelowOpt,
     PadChannelsOpt,
     QuantizeDenseOpt,
     Int8ActivationsOpt,
@@ -98,6 +98,7 @@ def run(
     pack_stem: PackStemOpt = None,
     depthwise_dot: DepthwiseDotOpt = None,
     winograd: WinogradOpt = None,
+    winograd_small_below: WinogradSmallBelowOpt = None,
     session: Annotated[Optional[str], typer.Option(
         help="Tuning session (e.g. tonight's date): a new session tunes a full budget of its own.")] = None,
     warm_start: Annotated[Optional[int], typer.Option(
@@ -139,7 +140,7 @@ def run(
             **_int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode,
                               calibration_data, pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx,
                               bfactor, cfactor, pack_layout, pad_channels, quantize_dense, pack_stem,
-                              int8_activations, depthwise_dot, winograd),
+                              int8_activations, depthwise_dot, winograd, winograd_small_below),
         })
         from vta_pipeline import steps
 

@@ -24,7 +24,7 @@ from vta_pipeline.cli.options import (
     PackLayoutOpt,
     PackStemOpt,
     DepthwiseDotOpt,
-    WinogradOpt,
+    WinogradOpt, WinogradSmallBelowOpt,
     PadChannelsOpt,
     QuantizeDenseOpt,
     Int8ActivationsOpt,
@@ -75,6 +75,7 @@ def tasks_cmd(
     pack_stem: PackStemOpt = None,
     depthwise_dot: DepthwiseDotOpt = None,
     winograd: WinogradOpt = None,
+    winograd_small_below: WinogradSmallBelowOpt = None,
 ):
     """Fetch (quantize, pack) the model and print its tuning tasks, cached in the store like a run's.
     The workload columns are the VTA recipe's; packed tasks count batch = N/b*b, in_filter = C/c*c."""
@@ -91,7 +92,7 @@ def tasks_cmd(
             **_int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode,
                               calibration_data, pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx,
                               bfactor, cfactor, pack_layout, pad_channels, quantize_dense, pack_stem,
-                              int8_activations, depthwise_dot, winograd),
+                              int8_activations, depthwise_dot, winograd, winograd_small_below),
         })
         tgt = resolve_target(cfg.target)
         st = ArtifactStore(cfg.store)
