@@ -193,9 +193,8 @@ def test_the_winograd_tile_setting_keys_the_pack_step_only_with_winograd_on():
     from vta_pipeline.steps import _pack_config
 
     def key(winograd=None, winograd_small_below=None):
-        given = _int8_overrides(*[None] * 7, True, *[None] * 6, winograd=winograd,  # --pack
-                                winograd_small_below=winograd_small_below)
-        cfg = build_config(None, given)
+        cfg = build_config(None, _int8_overrides(True, *[None] * 13, winograd=winograd,
+                                                 winograd_small_below=winograd_small_below))
         return _pack_config(cfg.pack, cfg.vta)["pack"]
 
     assert "winograd_small_below" not in key() and "winograd_small_below" not in key(winograd_small_below=0)
