@@ -186,6 +186,45 @@ def test_padded_fp32_network_agrees_with_the_unpacked_one(narrow):
     np.testing.assert_allclose(build_run(packed, x), build_run(mod, x), rtol=1e-4, atol=1e-4)
 
 
+class Pooled(torch.nn.Module):
+    """A network and a classifier's global average pool after it, as resnet and mobilenet end."""
+
+    def __init__(self, body: torch.nn.Module):
+        super().__init__()
+        self.body = body
+
+    def forward(self, x):
+        return self.body(x).mean(dim=(2, 3), keepdim=True).flatten(1)
+
+
+@pytest.mark.parametrize("batch, bfactor", [(1, 1), (2, 2)])
+def test_a_global_mean_at_the_stop_reads_the_blocks_without_unpacking_them(batch, bfactor):
+    # resnet18 fp32 on the AMX Xeon: the unpack before its pool was a kernel of its own that
+    # transposed the last feature map (0.07 ms in the network); 24 channels padded to 32 too
+    x = np.random.default_rng(2).standard_normal((batch, 3, 16, 16)).astype("float32")
+    mod = to_relax(randomize(Pooled(Narrow()), 2), x)
+    packed, rep = graph_pack(mod, PackParams(pad_channels=True, bfactor=bfactor))
+    assert "mean" in rep.stop
+    ops = op_sequence(packed)
+    last_conv = max(o.index for o in ops if o.name == "nn.conv2d")
+    after = [o for o in ops if o.index > last_conv]
+    assert "permute_dims" not in [o.name for o in after if len(o.in_shapes[0] or ()) == 6]  # no unpack
+    mean = next(o for o in after if o.name == "mean")
+    assert mean.in_shapes[0] == (batch // bfactor, 2, 8, 8, bfactor, 16)  # the blocks, as they are
+    assert "strided_slice" in [o.name for o in after]  # the 8 channels of padding, dropped
+    np.testing.assert_allclose(build_run(packed, x), build_run(mod, x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_global_mean_of_an_int8_network_changes_no_value(narrow):
+    _, _, x = narrow
+    q = quantize(to_relax(randomize(Pooled(Narrow()), 1), x), QuantizeParams())[0]
+    packed, _ = graph_pack(q, PackParams(layout="x86", pad_channels=True))
+    mean = next(o for o in op_sequence(packed) if o.name == "mean")
+    assert len(mean.in_shapes[0]) == 6
+    # the integer convs are exact and the mean adds each channel's numbers in the same order
+    assert np.array_equal(build_run(packed, x), build_run(q, x))
+
+
 def test_a_concat_of_padded_tensors_is_refused(blocks):
     mod, _, _ = blocks
     with pytest.raises(PackError, match=r"concat.*16 channels, which the block cfactor=32 does not divide"):

@@ -18,7 +18,8 @@ from .errors import UserError
 from .vta_config import VTAConfig
 
 STEP = "pack"
-VERSION = 2  # 2: the start operator's elementwise tail stays unpacked (fused with it)
+VERSION = 3  # 2: the start operator's elementwise tail stays unpacked (fused with it); 3: a global mean at
+# the stop reads the blocks (no unpack)
 
 
 def pack_params(pack: PackConfig, vta: VTAConfig):

@@ -53,7 +53,7 @@ ARCHIVED = "ARCHIVED"  # written into an archive once every file is in it
 def upgrades(old_label: str | None, new_label: str) -> bool:
     """Whether a work dir searched in the space `old_label` (`tuning.space_label`; None: from
     before labels) is carried into `new_label`: another version of the packed-conv space, or
-    the dense space where MetaSchedule's generic space (or an older dense space) searched
+    the dense or pool space where MetaSchedule's generic space (or an older one of it) searched
     before. Either way the old search is kept, and its records that line up are measured first."""
     if old_label == new_label:
         return False
@@ -61,6 +61,8 @@ def upgrades(old_label: str | None, new_label: str) -> bool:
         return old_label is None or old_label.startswith("packed-conv")
     if new_label.startswith("dense"):
         return old_label is None or old_label == "metaschedule" or old_label.startswith("dense")
+    if new_label.startswith("pool"):
+        return old_label is None or old_label == "metaschedule" or old_label.startswith("pool")
     return False
 
 

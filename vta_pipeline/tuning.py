@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from . import (dense_space, injective_space, int8_dot, intrin_registry, packed_conv_space, pools, retime,
+from . import (dense_space, injective_space, int8_dot, intrin_registry, packed_conv_space, pool_space, pools, retime,
                schedule_rules, space_upgrade, winograd_space)
 from .boards import BoardSpec
 from .config import MeasureConfig, TuneConfig
@@ -59,7 +59,7 @@ def space_versions() -> dict[str, int]:
     task would never reach `tune_task`, which searches the new space (`space_upgrade`). A
     task whose space did not change finds its work dir finished and returns at once."""
     return {"packed-conv": packed_conv_space.VERSION, "winograd": winograd_space.VERSION,
-            "dense": dense_space.VERSION, "injective": injective_space.VERSION,
+            "dense": dense_space.VERSION, "injective": injective_space.VERSION, "pool": pool_space.VERSION,
             **{f"packed-conv:{kind}": v for kind, v in packed_conv_space.KIND_VERSIONS.items()}}
 
 
@@ -167,7 +167,7 @@ def genetic_iters(round_size: int) -> int:
 
 def _space_kind(target: Any, workload_mod: Any) -> tuple[str, str | None]:
     """Which of our spaces takes the task: ("winograd", None), ("packed-conv", its conv kind),
-    ("dense", None), ("injective", None) or ("metaschedule", None); the one dispatch
+    ("dense", None), ("pool", None), ("injective", None) or ("metaschedule", None); the one dispatch
     `design_space` and `space_label` share."""
     if winograd_space.applies(workload_mod, target):
         return "winograd", None
@@ -176,6 +176,8 @@ def _space_kind(target: Any, workload_mod: Any) -> tuple[str, str | None]:
         return "packed-conv", kind
     if dense_space.applies(workload_mod, target):
         return "dense", None
+    if pool_space.applies(workload_mod, target):
+        return "pool", None
     if injective_space.applies(workload_mod, target):
         return "injective", None
     return "metaschedule", None
@@ -193,6 +195,8 @@ def space_label(target: Any, workload_mod: Any) -> str:
         return f"winograd:{winograd_space.VERSION}"
     if space == "dense":
         return f"dense:{dense_space.VERSION}"
+    if space == "pool":
+        return f"pool:{pool_space.VERSION}"
     return f"injective:{injective_space.VERSION}" if space == "injective" else space
 
 
@@ -202,8 +206,9 @@ def design_space(target: Any, workload_mod: Any, failures: int8_dot.TensorizeFai
     CPU (`packed_conv_space`: float, and uint8 x int8 where the CPU has a dot product), each
     core its share of the weights for a float dense layer at small batch (`dense_space`), the
     output's own loops for a CPU function without a reduction (`injective_space`: layout
-    transforms, quantizes), the dot-product rule for other uint8 x int8 blocks (`int8_dot`),
-    MetaSchedule's generic space for everything else."""
+    transforms, quantizes), row bands for a packed max pool (`pool_space`), the dot-product
+    rule for other uint8 x int8 blocks (`int8_dot`), MetaSchedule's generic space for
+    everything else."""
     space, kind = _space_kind(target, workload_mod)
     if space == "packed-conv":
         return packed_conv_space.space_generator(target, kind, workload_mod)
@@ -211,6 +216,8 @@ def design_space(target: Any, workload_mod: Any, failures: int8_dot.TensorizeFai
         return dense_space.space_generator()
     if space == "injective":
         return injective_space.space_generator()
+    if space == "pool":
+        return pool_space.space_generator()
     if space == "winograd":
         return winograd_space.space_generator()
     return int8_dot.space_generator(target, workload_mod, failures)

@@ -7,9 +7,11 @@ layout:
     conv weights OIHW -> (O/c, I/c, kh, kw, c, c)        "OIHW{c}o{c}i" (packed here, at
                                                           compile time: they are constants)
 The start operator runs unpacked and its output is packed; the stop operator's input is
-unpacked (VTA's semantics). Elementwise ops right after the start operator (its bias,
-activation, quantize) stay unpacked with it, so they fuse into its kernel and the pack
-moves a finished (int8) value. Inside, conv2d becomes a packed conv2d whose lowering is VTA's
+unpacked (VTA's semantics), except that a stop that is a global mean reads the blocks as they
+are and puts the channels in order after it (no transpose of the last feature map).
+Elementwise ops right after the start operator (its bias, activation, quantize) stay
+unpacked with it, so they fuse into its kernel and the pack moves a finished (int8) value.
+Inside, conv2d becomes a packed conv2d whose lowering is VTA's
 `conv2d_packed` (see packed_ops), elementwise ops (bias, residual add, shift, clamp, cast)
 run on packed tensors with packed constants, pools and channel concats run on the blocked
 layout. Anything else in the region, or channels not divisible by the block, is an error
@@ -323,6 +325,8 @@ class GraphPacker(Rebuilder):
 
     # ---- the rules -------------------------------------------------------------------------------
     def rewrite(self, index: int, binding: Any) -> Any:
+        if index == self.hi and self._is_global_mean_of_packed(binding):
+            return self._global_mean(binding)
         if not self.lo < index < self.hi:
             return self.copy(binding)
         v, var = binding.value, binding.var
@@ -364,6 +368,29 @@ class GraphPacker(Rebuilder):
         self.packed[var] = self.emit(new, name)
         self.packed_ops.append(op.describe())
         return None
+
+    def _is_global_mean_of_packed(self, binding: Any) -> bool:
+        x = binding.value.args[0] if isinstance(binding.value, relax.Call) and binding.value.args else None
+        return (self.region.stop is not None and self.region.stop.name == "mean" and is_global_avg_pool(self.region.stop)
+                and isinstance(x, relax.Var) and x in self.packed and self.env.get(x, 0) is None)
+
+    def _global_mean(self, binding: Any) -> Any:
+        """The stop operator when it is a global mean (`mean` over H and W: how Relax imports
+        resnet's and mobilenet's global average pool) of a packed tensor: the mean over the
+        blocks' own H and W axes, then the channels in order. Unpacked first, it was a transpose
+        of the whole last feature map in a kernel of its own (resnet18 fp32 on the AMX Xeon:
+        0.07 ms in the network, of a 13 ms network). The same values: each channel's mean over
+        the same H x W numbers."""
+        op, b = self.region.stop, self.p.bfactor
+        n, c = op.in_shapes[0][:2]
+        cp = self.padded(c)
+        y = self.emit(relax.op.mean(self.packed[binding.value.args[0]], axis=[2, 3]), "global_mean")
+        if b > 1:  # (N/b, C/c, b, c): the batch's block before the channels
+            y = self.emit(relax.op.permute_dims(y, [0, 2, 1, 3]), "global_mean_batch")
+        y = relax.op.reshape(y, (n, cp))
+        if cp != c:
+            y = relax.op.strided_slice(self.emit(y, "global_mean_flat"), [1], [0], [c])
+        return self.emit(relax.op.reshape(y, op.out_shape), str(binding.var.name))
 
     def _pads(self, shape) -> bool:
         return shape is not None and len(shape) == 4 and self.padded(shape[1]) != shape[1]
