@@ -1,4 +1,4 @@
-"""Reading a scheduled kernel's loop nest: which output rows each thread writes."""
+"""Reading a scheduled kernel's loop nest: which output rows each thread writes; a space's candidates."""
 
 from __future__ import annotations
 
@@ -85,3 +85,21 @@ def rows_by_thread(mod, threads: int = 2, row_axis: int = 2) -> list[tuple[int, 
         thread = dict((id(loop), v) for loop, v in zip(varying, point)).get(id(par), 0) // step
         bounds[thread].append(int(analyzer.simplify(row)))
     return [(min(b), max(b)) if b else (-1, -1) for b in bounds]
+
+
+def candidates(mod, target, space_generator, seed: int = 0) -> list:
+    """Every design space of a task, its knobs sampled and the postprocessors applied, as a
+    candidate is built (a generator's postprocessors must all accept each space)."""
+    from tvm.s_tir import Schedule
+    from tvm.s_tir import meta_schedule as ms
+
+    ctx = ms.TuneContext(mod=mod, target=target, space_generator=space_generator, task_name="candidates",
+                         rand_state=seed)
+    out = []
+    for space in ctx.generate_design_space():
+        sch = Schedule(mod)
+        space.trace.apply_to_schedule(sch, remove_postproc=True)
+        sch.enter_postproc()
+        assert all(p.apply(sch) for p in ctx.space_generator.postprocs)
+        out.append(sch)
+    return out

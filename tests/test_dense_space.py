@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from loop_nests import rows_by_thread
+from loop_nests import candidates, rows_by_thread
 
 import tvm
 from tvm.s_tir import Schedule
-from tvm.s_tir import meta_schedule as ms
 from tvm.script import tirx as T
 
 from vta_pipeline import dense_space, tuning
@@ -51,18 +50,9 @@ def dense(batch: int, k: int, n: int, dtype: str = "float32", relu: bool = True)
 
 
 def sampled(mod, seed: int = 0) -> list:
-    """Every design space of the task, its knobs sampled and the postprocessors applied
-    (RewriteLayout among them: the weights' build-time layout), as a candidate is built."""
-    ctx = ms.TuneContext(mod=mod, target=HERE, space_generator=dense_space.space_generator(), task_name="dense",
-                         rand_state=seed)
-    out = []
-    for space in ctx.generate_design_space():
-        sch = Schedule(mod)
-        space.trace.apply_to_schedule(sch, remove_postproc=True)
-        sch.enter_postproc()
-        assert all(p.apply(sch) for p in ctx.space_generator.postprocs)
-        out.append(sch)
-    return out
+    """Every design space of the task as a candidate is built (RewriteLayout among the
+    postprocessors: the weights' build-time layout)."""
+    return candidates(mod, HERE, dense_space.space_generator(), seed)
 
 
 def test_the_space_takes_float_dense_layers_whose_weights_outweigh_their_activations():

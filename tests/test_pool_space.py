@@ -5,7 +5,7 @@ MetaSchedule's generic space searched before is kept and searched again in this 
 from __future__ import annotations
 
 import numpy as np
-from loop_nests import rows_by_thread
+from loop_nests import candidates, rows_by_thread
 
 import tvm
 from tvm import relax
@@ -38,17 +38,7 @@ def pool(shape=PACKED, layout="NCHW1n16c", kind="max", dtype="float32") -> tvm.I
 
 
 def sampled(mod) -> list:
-    """Every design space of the task with the postprocessors applied, as a candidate is built."""
-    ctx = ms.TuneContext(mod=mod, target=HERE, space_generator=pool_space.space_generator(), task_name="pool",
-                         rand_state=0)
-    out = []
-    for space in ctx.generate_design_space():
-        sch = Schedule(mod)
-        space.trace.apply_to_schedule(sch, remove_postproc=True)
-        sch.enter_postproc()
-        assert all(p.apply(sch) for p in ctx.space_generator.postprocs)
-        out.append(sch)
-    return out
+    return candidates(mod, HERE, pool_space.space_generator())
 
 
 def test_the_space_takes_packed_max_pools_on_cpus():
