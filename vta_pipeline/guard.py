@@ -20,9 +20,11 @@ TVM upgrade, an unlucky search) must not replace a good build. After each run:
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import statistics
+import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -134,10 +136,13 @@ def promote(store: ArtifactStore, result: dict[str, Any], verdict: Verdict) -> d
     p = current_path(store.root, model, target, key, var)
     lib = p.with_suffix(".so")
     if now is None or now.get("build_id") != build_id:
-        tmp = lib.with_suffix(".so.tmp")
+        # a copy of its own per run: two runs promoting the same build at once shared one
+        # ".so.tmp", and the second's rename found it gone (FileNotFoundError)
         p.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(art.file("model.so"), tmp)
-        tmp.replace(lib)
+        fd, name = tempfile.mkstemp(dir=p.parent, prefix=f"{lib.name}.", suffix=".tmp")
+        os.close(fd)
+        shutil.copy2(art.file("model.so"), name)
+        Path(name).replace(lib)
     cur = {"model": model, "variant": var, "target": target, "board_key": key, "build_id": build_id, "night": night,
            "tuned_ms": ms, "lib": str(lib), "artifact": str(art.path), "why": why, "run_id": result["run_id"]}
     atomic_write_text(p, json.dumps(cur, indent=1))
