@@ -8,16 +8,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from loop_nests import candidates, rows_by_thread
+from space_research import generic_then_current
 
 import tvm
 from tvm.s_tir import Schedule
 from tvm.script import tirx as T
 
 from vta_pipeline import dense_space, tuning
-from vta_pipeline.boards import BoardSpec
-from vta_pipeline.config import MeasureConfig, TuneConfig
 from vta_pipeline.space_upgrade import ARCHIVED, archive_name, upgrades
-from vta_pipeline.trial_log import read_state, task_work_dir
+from vta_pipeline.trial_log import read_state
 
 HERE = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})  # AVX2 (what CI runs)
 
@@ -106,19 +105,8 @@ def test_a_generic_search_is_kept_and_the_task_searched_again_in_the_dense_space
                                                                                  monkeypatch):
     assert upgrades("metaschedule", "dense:1") and not upgrades("dense:1", "dense:1")
     assert not upgrades("injective:1", "dense:1") and not upgrades("metaschedule", "injective:1")
-    task_file = tmp_path / "dense.json"
-    task_file.write_text(tvm.ir.save_json(dense(1, 64, 16)))
-    work = task_work_dir(tmp_path, host_target.id, "dense-1x64x16")
-    args = (task_file, "fused_matmul_add", 2 * 64 * 16, "dense-1x64x16", host_target.target_json,
-            BoardSpec(board.host, board.port, board.key, 1), TuneConfig(trials_per_task=4, trials_per_batch=4),
-            MeasureConfig(number=2, repeat=1, timeout_s=60), work)
-    monkeypatch.setattr(tuning, "design_space", lambda target, wl, failures=None: "post-order-apply")
-    monkeypatch.setattr(tuning, "space_label", lambda target, wl: "metaschedule")
-    before = tuning.tune_task(*args)
-    assert read_state(work)["space"] == "metaschedule" and before.trials >= 1
-    monkeypatch.undo()
-
-    after = tuning.tune_task(*args)  # the same budget, another space: searched again from nothing
+    after, work = generic_then_current(dense(1, 64, 16), "fused_matmul_add", 2 * 64 * 16, "dense-1x64x16",
+                                       host_target, board, tmp_path, monkeypatch)
     assert read_state(work)["space"] == f"dense:{dense_space.VERSION}"
     assert (work / archive_name("metaschedule") / ARCHIVED).exists()
     assert after.trials == after.trials_this_run >= 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 from loop_nests import candidates, rows_by_thread
+from space_research import generic_then_current
 
 import tvm
 from tvm import relax
@@ -13,10 +14,8 @@ from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 
 from vta_pipeline import pool_space, schedule_rules, tuning
-from vta_pipeline.boards import BoardSpec
-from vta_pipeline.config import MeasureConfig, TuneConfig
 from vta_pipeline.space_upgrade import ARCHIVED, archive_name, upgrades
-from vta_pipeline.trial_log import read_state, task_work_dir
+from vta_pipeline.trial_log import read_state
 
 HERE = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})  # AVX2 (what CI runs)
 PACKED = (1, 2, 32, 32, 1, 16)  # NCHW1n16c: 32 channels, 32 x 32
@@ -90,19 +89,8 @@ def test_a_generic_search_is_kept_and_the_task_searched_again_in_the_pool_space(
                                                                                monkeypatch):
     assert upgrades("metaschedule", "pool:1") and not upgrades("pool:1", "pool:1")
     assert not upgrades("dense:1", "pool:1")
-    task_file = tmp_path / "pool.json"
-    task_file.write_text(tvm.ir.save_json(pool()))
-    work = task_work_dir(tmp_path, host_target.id, "pool-32")
-    args = (task_file, "max_pool2d", 9 * 2 * 16 * 16 * 16, "pool-32", host_target.target_json,
-            BoardSpec(board.host, board.port, board.key, 1), TuneConfig(trials_per_task=4, trials_per_batch=4),
-            MeasureConfig(number=2, repeat=1, timeout_s=60), work)
-    monkeypatch.setattr(tuning, "design_space", lambda target, wl, failures=None: "post-order-apply")
-    monkeypatch.setattr(tuning, "space_label", lambda target, wl: "metaschedule")
-    before = tuning.tune_task(*args)
-    assert read_state(work)["space"] == "metaschedule" and before.trials >= 1
-    monkeypatch.undo()
-
-    after = tuning.tune_task(*args)  # the same budget, another space: searched again from nothing
+    after, work = generic_then_current(pool(), "max_pool2d", 9 * 2 * 16 * 16 * 16, "pool-32", host_target, board,
+                                       tmp_path, monkeypatch)
     assert read_state(work)["space"] == f"pool:{pool_space.VERSION}"
     assert (work / archive_name("metaschedule") / ARCHIVED).exists()
     assert after.trials == after.trials_this_run == len(pool_space.DEPTHS) * len(pool_space.TAPS)
