@@ -301,7 +301,8 @@ def test_ragged_register_tiles_are_sampled_and_compute_every_pixel(tmp_path, siz
     # between the nests must be a space of its own to reach the candidates
     target = tvm.target.Target(HERE)
     ctx = ms.TuneContext(mod=wl, target=target, space_generator=design_space(target, wl), task_name="t")
-    assert [_over_rows(sch) for sch in ctx.generate_design_space()] == [False, True]
+    spaces = ctx.generate_design_space()  # at 7 x 7 the weights outweigh the activations: a third space
+    assert [_over_rows(sch) for sch in spaces] == [False, True] + [False] * (size == 7)
     tiles = {}  # (over rows?, pixels) -> a candidate
     for seed in range(1, 300):
         sch = _sample(wl, HERE, seed * 7919)
@@ -328,6 +329,121 @@ def test_ragged_register_tiles_are_sampled_and_compute_every_pixel(tmp_path, siz
         vm = relax.VirtualMachine(tvm.runtime.load_module(str(out_dir / LIB)), tvm.cpu())
         out = vm["main"](tvm.runtime.tensor(x)).numpy()
         np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4, err_msg=f"tile {key}")
+
+
+class Wide(nn.Module):
+    """One conv on a small map with many channels: 147 KB of weights, 4 KB of activations
+    each way (resnet's 7x7x512 convs in small)."""
+
+    def __init__(self, channels: int = 64):
+        super().__init__()
+        self.c = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x):  # no global pool: every output pixel is compared
+        return torch.relu(self.c(nn.functional.max_pool2d(x, 1)))
+
+
+@pytest.fixture(scope="module")
+def wide():
+    intrin_registry.load()
+    model = randomize(Wide(), 0)
+    x = np.random.default_rng(0).standard_normal((1, 64, 4, 4)).astype("float32")
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x)).numpy()
+    packed, _ = graph_pack(to_relax(model, x), PackParams(stop_name="nn.relu"))
+    lowered = lower_for_tuning(packed)
+    (task,) = _packed_tasks(lowered, HERE)
+    return lowered, task.dispatched[0], x, ref
+
+
+def _tiles_inside_the_reduction(realize, loops) -> int:
+    """How many tiles of the output each step of the outermost reduction loop computes: the
+    product of the serial loops inside it that the block's spatial iterators are bound to (in
+    NeoCPU's nest none: only the unrolled register tile is inside)."""
+    from tvm.tirx.analysis import undefined_vars
+
+    def bound(iter_type: int) -> list:
+        return [v for iv, value in zip(realize.block.iter_vars, realize.iter_values)
+                if int(iv.iter_type) == iter_type for v in undefined_vars(value)]
+
+    reduction, spatial = bound(2), bound(0)
+    first = min(i for i, loop in enumerate(loops) if any(loop.loop_var.same_as(v) for v in reduction))
+    tiles = 1
+    for loop in loops[first + 1:]:
+        if loop.kind == tvm.tirx.ForKind.SERIAL and any(loop.loop_var.same_as(v) for v in spatial):
+            tiles *= int(loop.extent)
+    return tiles
+
+
+def test_a_conv_whose_weights_outweigh_its_activations_reads_each_block_of_weights_once(wide, network):
+    """Its third design space puts a block of input channels outside every tile of the output:
+    a block of weights comes from memory once and every tile reuses it from L1, where the nest
+    over rows reads a chunk's weights from memory in its first row of tiles at a few FMAs per
+    cache line (in a network resnet's 7x7x512 convs find their 9.4 MB of weights there). The
+    threads split the output channels, the chunk's accumulator holds all its pixels, and
+    the tasks such a space applies to search again (their space's version 3)."""
+    from loop_nests import _blocks, rows_by_thread
+
+    from vta_pipeline import space_upgrade
+    from vta_pipeline.tuning import space_label
+
+    _, wl, _, _ = wide
+    target = tvm.target.Target(HERE)
+    assert packed_conv_space.splits_by_channels(wl)
+    assert space_label(target, wl) == "packed-conv:float:3"
+    assert space_upgrade.upgrades("packed-conv:float:2", space_label(target, wl))
+    ctx = ms.TuneContext(mod=wl, target=target, space_generator=design_space(target, wl), task_name="t")
+    spaces = ctx.generate_design_space()
+    assert len(spaces) == 3
+    for index, sch in enumerate(spaces):
+        found, _ = _blocks(sch.mod["main"])
+        (loops, update), = [(loops, r) for loops, r in found if r.block.name_hint == "conv2d_packed_update"]
+        assert (_tiles_inside_the_reduction(update, loops) > 1) == (index == 2), (index, sch.mod.script())
+    for seed in range(1, 40):
+        sch = _sample(wl, HERE, seed * 3)  # spaces[seed * 3 % 3]: the third
+        if sch is not None:
+            break
+    rows = _output_rows(sch)
+    assert rows_by_thread(sch.mod) == [(0, rows - 1)] * 2  # every row, half the output chunks each
+    chunks = rows_by_thread(sch.mod, row_axis=1)
+    assert chunks[0][1] < chunks[1][0], chunks
+    # a conv that splits by rows keeps its two spaces and its version
+    for task in _packed_tasks(network[0], HERE):
+        if not packed_conv_space.splits_by_channels(task.dispatched[0]):
+            ctx = ms.TuneContext(mod=task.dispatched[0], target=target,
+                                 space_generator=design_space(target, task.dispatched[0]), task_name="t")
+            assert len(ctx.generate_design_space()) <= 2
+            assert space_label(target, task.dispatched[0]) == "packed-conv:float:2"
+
+
+@pytest.mark.skipif(not host_has_avx2, reason="this CPU has no AVX2: the module cannot run here")
+def test_a_build_that_reads_each_block_of_weights_once_equals_pytorch(wide, tmp_path):
+    """Candidates of the third space (blocks of 1 to 4 input chunks, ragged tiles among them)
+    built into the network compute every output pixel as PyTorch does."""
+    lowered, wl, x, ref = wide
+    (tmp_path / "extract").mkdir()
+    (tmp_path / "extract" / "lowered.json").write_text(tvm.ir.save_json(lowered))
+    blocks = {}
+    for seed in range(1, 200):
+        sch = _sample(wl, HERE, seed * 3)
+        if sch is None:
+            continue
+        (decision,) = [sch.trace.decisions[i] for i in sch.trace.insts if i.kind.name == "SamplePerfectTile"][-1:]
+        blocks.setdefault(int(decision[1]), sch)
+        if len(blocks) == 3:
+            break
+    assert set(blocks) == {1, 2, 4}, sorted(blocks)
+    for block, sch in sorted(blocks.items()):
+        out_dir, db_dir = tmp_path / f"out{block}", tmp_path / f"db{block}"
+        out_dir.mkdir()
+        db_dir.mkdir()
+        db = ms.database.JSONDatabase(work_dir=str(db_dir))
+        db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(wl), [1e-3],
+                                                         tvm.target.Target(HERE)))
+        build_network(tmp_path / "extract", HERE, out_dir, best_db_dir=db_dir)
+        vm = relax.VirtualMachine(tvm.runtime.load_module(str(out_dir / LIB)), tvm.cpu())
+        out = vm["main"](tvm.runtime.tensor(x)).numpy()
+        np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4, err_msg=f"block {block}")
 
 
 def _over_rows(sch) -> bool:

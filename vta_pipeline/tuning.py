@@ -60,6 +60,7 @@ def space_versions() -> dict[str, int]:
     task whose space did not change finds its work dir finished and returns at once."""
     return {"packed-conv": packed_conv_space.VERSION, "winograd": winograd_space.VERSION,
             "dense": dense_space.VERSION, "injective": injective_space.VERSION, "pool": pool_space.VERSION,
+            "packed-conv:float:weights-once": packed_conv_space.WEIGHTS_ONCE_VERSION,
             **{f"packed-conv:{kind}": v for kind, v in packed_conv_space.KIND_VERSIONS.items()}}
 
 
@@ -189,7 +190,7 @@ def space_label(target: Any, workload_mod: Any) -> str:
     (a state without a label predates the labels)."""
     space, kind = _space_kind(target, workload_mod)
     if space == "packed-conv":  # version 1 has no suffix: the label it had before versions
-        v = packed_conv_space.version(kind)
+        v = packed_conv_space.version(kind, workload_mod)
         return f"packed-conv:{kind}" + (f":{v}" if v > 1 else "")
     if space == "winograd":
         return f"winograd:{winograd_space.VERSION}"
