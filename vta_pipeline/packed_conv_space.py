@@ -45,6 +45,15 @@ one wrote; across the two CCDs of a Zen 5 host that made mobilenet_v2 fp32 1.6x 
 on one CCD, against 1.5x for ONNX Runtime (docs/performance.md). Records of version 1 are
 carried into this one by `space_upgrade`.
 
+A float conv whose weights outweigh its activations (resnet's 7 x 7 x 512 convs: 9.4 MB of
+weights, 0.2 MB of activations) splits its output channels between the threads instead
+(`_weights_outweigh_activations`), and has a third design space with a block of input
+channels outside every tile (`_schedule_weights_once`): in a network its weights come from
+memory, and this nest reads each block of them once and reuses it from L1 for the whole
+output, where the nest over rows reads a chunk from memory in its first row of tiles at a
+few FMAs per cache line. The search picks between the nests by their time, as for the
+other two spaces.
+
 Float weights are constants marked layout-free: `RewriteLayout` stores them in the order
 this nest reads them ([oc_chunk, ic_chunk, kh, kw, ic_lane, oc_tile, oc_lane]), once, at
 build time; int8 weights already are in the dot product's `OIHW16o4i`.
