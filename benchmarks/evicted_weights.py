@@ -40,11 +40,14 @@ CONVS = ("conv2d_packed", "winograd_gemm", "conv2d_nchw")  # a conv task's reduc
 
 
 def conv_records(pick_best: Path) -> dict[str, Any]:
-    """{structural hash of the workload: (task name, record)} of the artifact's conv tasks."""
-    import tvm
+    """{workload key: (task name, record)} of the artifact's conv tasks (the names from its
+    best.json, by the pipeline's own key, `workload_keys.workload_key`)."""
     from tvm.s_tir import Schedule
     from tvm.s_tir import meta_schedule as ms
 
+    from vta_pipeline.workload_keys import workload_key
+
+    tasks = {t["workload_hash"]: t["task"] for t in json.loads((pick_best / "best.json").read_text())}
     db = ms.database.JSONDatabase(str(pick_best / "database_workload.json"),
                                   str(pick_best / "database_tuning_record.json"), allow_missing=False)
     found = {}
@@ -52,8 +55,8 @@ def conv_records(pick_best: Path) -> dict[str, Any]:
         sch = Schedule(record.workload.mod)
         names = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
         if names & set(CONVS):
-            name = record.workload.mod.get_global_vars()[0].name_hint
-            found[str(tvm.ir.structural_hash(record.workload.mod))] = (name, record)
+            key = workload_key(record.workload.mod)
+            found[key] = (tasks.get(key, key), record)
     return found
 
 

@@ -299,15 +299,8 @@ def _schedule_weights_once(sch, conv) -> None:
     sch.parallel(outer)
     sch.vectorize(c_i)
     _schedule_producers(sch, conv)
-    for loop in (oh_i, ow_i, c_o_i):
-        sch.unroll(loop)
-    acc = sch.cache_write(conv, 0, "local")  # the chunk's whole output: the tiles add into it
-    sch.reverse_compute_at(acc, outer, preserve_unit_loops=True)
-    fuse_epilogue(sch, acc)
-    init = sch.decompose_reduction(conv, k_oo)
-    sch.vectorize(sch.get_loops(init)[-1])
-    sch.vectorize(sch.get_loops(acc)[-1])
-    _sample_unroll(sch)
+    # the accumulator holds the chunk's whole output: the tiles add into it, block by block
+    _accumulate_locally(sch, conv, (oh_i, ow_i, c_o_i), outer, k_oo)
 
 
 def _row_bands(sch, rows, bands: int) -> tuple[Any, Any]:
@@ -475,12 +468,19 @@ def _schedule_depthwise(sch, conv, bands: int, pad_inside: bool = True) -> None:
         _pad_inside(sch, conv, outer)
     else:
         _schedule_producers(sch, conv)
-    for loop in (oh_i, ow_i):
+    _accumulate_locally(sch, conv, (oh_i, ow_i), ow_o, d_i)
+
+
+def _accumulate_locally(sch, conv, tile: tuple, at, reduction) -> None:
+    """The end of a float nest: the register tile's loops unrolled, the conv accumulated in a
+    local buffer written back at loop `at` through the epilogue, its initialization split off
+    at loop `reduction`, both vectorized over the lanes; then the unroll depth sampled."""
+    for loop in tile:
         sch.unroll(loop)
     acc = sch.cache_write(conv, 0, "local")
-    sch.reverse_compute_at(acc, ow_o, preserve_unit_loops=True)
+    sch.reverse_compute_at(acc, at, preserve_unit_loops=True)
     fuse_epilogue(sch, acc)
-    init = sch.decompose_reduction(conv, d_i)
+    init = sch.decompose_reduction(conv, reduction)
     sch.vectorize(sch.get_loops(init)[-1])
     sch.vectorize(sch.get_loops(acc)[-1])
     _sample_unroll(sch)
