@@ -35,8 +35,11 @@ import numpy as np
 from conv_gap import Kernel
 
 from vta_pipeline import machine
+from vta_pipeline.packed_conv_space import NCHW_CONV
+from vta_pipeline.passes.packed_ops import PACKED_CONV
+from vta_pipeline.passes.winograd import GEMM
 
-CONVS = ("conv2d_packed", "winograd_gemm", "conv2d_nchw")  # a conv task's reduction block
+CONVS = (PACKED_CONV, GEMM, NCHW_CONV)  # a conv task's reduction block
 
 
 def conv_records(pick_best: Path) -> dict[str, Any]:

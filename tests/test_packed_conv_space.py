@@ -316,19 +316,22 @@ def test_ragged_register_tiles_are_sampled_and_compute_every_pixel(tmp_path, siz
     over_rows = {w for over, w in tiles if over}
     assert pixel_tiles <= over_rows, over_rows  # 49 = 9 x 5 + 4 = 8 x 6 + 1
     assert size == 7 or all(98 % abs(w) == 0 for w in over_rows), over_rows  # whole tiles of a band
-    (tmp_path / "extract").mkdir()
-    (tmp_path / "extract" / "lowered.json").write_text(tvm.ir.save_json(lowered))
     for key in [(False, w) for w in ragged[-2:]] + [(True, w) for w in sorted(pixel_tiles)]:
-        out_dir, db_dir = tmp_path / f"out{key}", tmp_path / f"db{key}"
-        out_dir.mkdir()
-        db_dir.mkdir()
-        db = ms.database.JSONDatabase(work_dir=str(db_dir))
-        db.commit_tuning_record(ms.database.TuningRecord(tiles[key].trace, db.commit_workload(wl), [1e-3],
-                                                         tvm.target.Target(HERE)))
-        build_network(tmp_path / "extract", HERE, out_dir, best_db_dir=db_dir)
-        vm = relax.VirtualMachine(tvm.runtime.load_module(str(out_dir / LIB)), tvm.cpu())
-        out = vm["main"](tvm.runtime.tensor(x)).numpy()
+        out = _network_output(lowered, wl, tiles[key], x, tmp_path / f"tile{key}")
         np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4, err_msg=f"tile {key}")
+
+
+def _network_output(lowered, wl, sch, x, work) -> np.ndarray:
+    """The network `lowered` built with `sch` as its one tuned record (for the task `wl`), run on `x`."""
+    for d in ("extract", "db", "out"):
+        (work / d).mkdir(parents=True)
+    (work / "extract" / "lowered.json").write_text(tvm.ir.save_json(lowered))
+    db = ms.database.JSONDatabase(work_dir=str(work / "db"))
+    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(wl), [1e-3],
+                                                     tvm.target.Target(HERE)))
+    build_network(work / "extract", HERE, work / "out", best_db_dir=work / "db")
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(work / "out" / LIB)), tvm.cpu())
+    return vm["main"](tvm.runtime.tensor(x)).numpy()
 
 
 class Wide(nn.Module):
@@ -421,8 +424,6 @@ def test_a_build_that_reads_each_block_of_weights_once_equals_pytorch(wide, tmp_
     """Candidates of the third space (blocks of 1 to 4 input chunks, ragged tiles among them)
     built into the network compute every output pixel as PyTorch does."""
     lowered, wl, x, ref = wide
-    (tmp_path / "extract").mkdir()
-    (tmp_path / "extract" / "lowered.json").write_text(tvm.ir.save_json(lowered))
     blocks = {}
     for seed in range(1, 200):
         sch = _sample(wl, HERE, seed * 3)
@@ -434,15 +435,7 @@ def test_a_build_that_reads_each_block_of_weights_once_equals_pytorch(wide, tmp_
             break
     assert set(blocks) == {1, 2, 4}, sorted(blocks)
     for block, sch in sorted(blocks.items()):
-        out_dir, db_dir = tmp_path / f"out{block}", tmp_path / f"db{block}"
-        out_dir.mkdir()
-        db_dir.mkdir()
-        db = ms.database.JSONDatabase(work_dir=str(db_dir))
-        db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(wl), [1e-3],
-                                                         tvm.target.Target(HERE)))
-        build_network(tmp_path / "extract", HERE, out_dir, best_db_dir=db_dir)
-        vm = relax.VirtualMachine(tvm.runtime.load_module(str(out_dir / LIB)), tvm.cpu())
-        out = vm["main"](tvm.runtime.tensor(x)).numpy()
+        out = _network_output(lowered, wl, sch, x, tmp_path / f"block{block}")
         np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4, err_msg=f"block {block}")
 
 
