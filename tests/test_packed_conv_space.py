@@ -384,7 +384,8 @@ def test_a_conv_whose_weights_outweigh_its_activations_reads_each_block_of_weigh
     over rows reads a chunk's weights from memory in its first row of tiles at a few FMAs per
     cache line (in a network resnet's 7x7x512 convs find their 9.4 MB of weights there). The
     threads split the output channels, the chunk's accumulator holds all its pixels, and
-    the tasks such a space applies to search again (their space's version 3)."""
+    the tasks such a space applies to search again (their space's version 3; 4: it prefetches,
+    `test_weight_prefetch.py`)."""
     from loop_nests import _blocks, rows_by_thread
 
     from vta_pipeline import space_upgrade
@@ -393,8 +394,9 @@ def test_a_conv_whose_weights_outweigh_its_activations_reads_each_block_of_weigh
     _, wl, _, _ = wide
     target = tvm.target.Target(HERE)
     assert packed_conv_space.splits_by_channels(wl)
-    assert space_label(target, wl) == "packed-conv:float:3"
+    assert space_label(target, wl) == "packed-conv:float:4"
     assert space_upgrade.upgrades("packed-conv:float:2", space_label(target, wl))
+    assert space_upgrade.upgrades("packed-conv:float:3", space_label(target, wl))
     ctx = ms.TuneContext(mod=wl, target=target, space_generator=design_space(target, wl), task_name="t")
     spaces = ctx.generate_design_space()
     assert len(spaces) == 3

@@ -15,6 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from . import weight_prefetch
+
 STEP = "build"
 VERSION = 3  # 2: tuned weight layouts pre-packed at build time; 3: and read as constants, not a tuple per call
 LIB = "model.so"
@@ -71,6 +73,7 @@ def build_network(
         )
     if target.kind.name in GPU_KINDS:
         mod = default_gpu_schedules(mod, target)
+    mod = weight_prefetch.insert(mod)  # as the tuner's builder did to the candidates it timed
     ex = tvm.compile(mod, target=target, relax_pipeline="default")  # mod is already fused + scheduled
     lib = out_dir / LIB
     if cross_compiler:

@@ -74,7 +74,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import int8_dot
+from . import int8_dot, weight_prefetch
 from .passes.packed_ops import DEPTHWISE_DOT, DOT_CONV, PACKED_CONV, PACKED_DEPTHWISE
 
 # in the tuning state's space label (from 2 on): a change of a nest searches the tasks that
@@ -84,7 +84,7 @@ VERSION = 2  # 2: the parallel loop over row bands, one per core (`_row_bands`)
 KIND_VERSIONS = {"depthwise": 3}  # 3: the padding computed inside the conv's parallel loop (`_pad_inside`)
 # a float conv whose weights outweigh its activations (`splits_by_channels`): 3, its third
 # design space, the input channels outside the tiles (`_schedule_weights_once`)
-WEIGHTS_ONCE_VERSION = 3
+WEIGHTS_ONCE_VERSION = 4  # 4: each tile prefetches its share of the next block of weights
 MAX_REG_N = 8      # output columns per register tile
 MAX_REG_H = 4      # output rows per register tile
 MAX_OC_TILE = 4    # packed output-channel chunks per register tile
@@ -301,6 +301,8 @@ def _schedule_weights_once(sch, conv) -> None:
     _schedule_producers(sch, conv)
     # the accumulator holds the chunk's whole output: the tiles add into it, block by block
     _accumulate_locally(sch, conv, (oh_i, ow_i, c_o_i), outer, k_oo)
+    # and each tile prefetches its share of the next block (`weight_prefetch`, version 4)
+    sch.annotate(ow_o, weight_prefetch.ANNOTATION, 2)
 
 
 def _row_bands(sch, rows, bands: int) -> tuple[Any, Any]:

@@ -52,9 +52,9 @@ ARCHIVED = "ARCHIVED"  # written into an archive once every file is in it
 
 def upgrades(old_label: str | None, new_label: str) -> bool:
     """Whether a work dir searched in the space `old_label` (`tuning.space_label`; None: from
-    before labels) is carried into `new_label`: another version of the packed-conv space, or
-    the dense or pool space where MetaSchedule's generic space (or an older one of it) searched
-    before. Either way the old search is kept, and its records that line up are measured first."""
+    before labels) is carried into `new_label`: another version of the packed-conv or Winograd
+    space, or the dense or pool space where MetaSchedule's generic space (or an older one of it)
+    searched before. Either way the old search is kept, and its records that line up are measured first."""
     if old_label == new_label:
         return False
     if new_label.startswith("packed-conv"):
@@ -63,6 +63,8 @@ def upgrades(old_label: str | None, new_label: str) -> bool:
         return old_label is None or old_label == "metaschedule" or old_label.startswith("dense")
     if new_label.startswith("pool"):
         return old_label is None or old_label == "metaschedule" or old_label.startswith("pool")
+    if new_label.startswith("winograd"):
+        return old_label is not None and old_label.startswith("winograd")
     return False
 
 
