@@ -37,7 +37,8 @@ _READ, _LOCALITY, _DATA = 0, 3, 1
 
 def insert(mod: Any) -> Any:
     """`mod` with every marked loop of its scheduled PrimFuncs prefetching; unchanged where
-    nothing is marked. Import-light: builder workers call it."""
+    nothing is marked. The changed functions replace the old ones in `mod` itself (both callers
+    hand it a module of their own, made by the pass before). Import-light: builder workers call it."""
     import tvm
 
     changed = {}
