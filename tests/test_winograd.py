@@ -163,7 +163,7 @@ def test_the_gemm_reads_each_block_of_weights_as_one_run_and_prefetches_the_next
     share of the next one (`weight_prefetch`). Measured on resnet18's 14x14x256 F(2x2) GEMM
     with 12 copies of its weights called in turn (Intel Xeon with AMX): 0.735 ms in TOPI's
     order, 0.594 laid out, 0.557 laid out and prefetching."""
-    from test_weight_prefetch import assert_prefetches_the_next_blocks
+    from test_weight_prefetch import _weights, assert_prefetches_the_next_blocks
 
     from vta_pipeline import weight_prefetch
 
@@ -172,8 +172,7 @@ def test_the_gemm_reads_each_block_of_weights_as_one_run_and_prefetches_the_next
     _, (_, _, _, ci, co, *_) = extract.conv2d_workload(wl)
     for seed in range(1, 20):  # a candidate with blocks of one output chunk: two blocks
         func = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(_sample(wl, seed).mod)["main"]
-        weights = max(func.params, key=lambda b: int(np.prod([int(d) for d in b.shape])))
-        shape = [int(d) for d in weights.shape]  # [(e, n), output block, k, lanes] (unit loops dropped)
+        shape = [int(d) for d in _weights(func).shape]  # [(e, n), output block, k, lanes] (unit loops dropped)
         if shape[1] == co // 16:
             break
     assert shape == [36, co // 16, ci, 16], shape

@@ -93,14 +93,10 @@ def _reduction_realize(stmt: Any) -> Any:
     """The first block under `stmt` with a reduction axis (the conv's update), as realized."""
     from tvm import s_tir, tirx
 
-    if isinstance(stmt, s_tir.SBlockRealize):
-        if any(iv.iter_type == tirx.IterVar.CommReduce for iv in stmt.block.iter_vars):
-            return stmt
-        return _reduction_realize(stmt.block.body)
-    children = (list(stmt.seq) if isinstance(stmt, tirx.SeqStmt)
-                else [stmt.body] if isinstance(stmt, (tirx.For, tirx.AttrStmt, s_tir.SBlock))
-                else [stmt.then_case] if isinstance(stmt, tirx.IfThenElse) else [])
-    for child in children:
+    if isinstance(stmt, s_tir.SBlockRealize) and any(
+            iv.iter_type == tirx.IterVar.CommReduce for iv in stmt.block.iter_vars):
+        return stmt
+    for child in _children(stmt):
         found = _reduction_realize(child)
         if found is not None:
             return found
@@ -173,16 +169,23 @@ def _moving_region(realize: Any, block_loop: Any, inner: list[Any]) -> tuple[Any
 
 def _loops_under(stmt: Any) -> list[Any]:
     """The For nodes under `stmt`."""
+    from tvm import tirx
+
+    return ([stmt] if isinstance(stmt, tirx.For) else []) + [loop for child in _children(stmt)
+                                                            for loop in _loops_under(child)]
+
+
+def _children(stmt: Any) -> list[Any]:
+    """The statements directly under `stmt` that the walks above descend into (a realize's
+    block's body, not the block: it holds no loops of its own)."""
     from tvm import s_tir, tirx
 
-    if isinstance(stmt, tirx.For):
-        return [stmt] + _loops_under(stmt.body)
     if isinstance(stmt, tirx.SeqStmt):
-        return [v for s in stmt.seq for v in _loops_under(s)]
+        return list(stmt.seq)
     if isinstance(stmt, s_tir.SBlockRealize):
-        return _loops_under(stmt.block.body)
-    if isinstance(stmt, (s_tir.SBlock, tirx.AttrStmt)):
-        return _loops_under(stmt.body)
+        return [stmt.block.body]
+    if isinstance(stmt, (tirx.For, tirx.AttrStmt, s_tir.SBlock)):
+        return [stmt.body]
     if isinstance(stmt, tirx.IfThenElse):
-        return _loops_under(stmt.then_case)
+        return [stmt.then_case]
     return []
