@@ -397,7 +397,10 @@ def test_a_conv_whose_weights_outweigh_its_activations_reads_each_block_of_weigh
     assert space_label(target, wl) == "packed-conv:float:4"
     assert space_upgrade.upgrades("packed-conv:float:2", space_label(target, wl))
     assert space_upgrade.upgrades("packed-conv:float:3", space_label(target, wl))
-    ctx = ms.TuneContext(mod=wl, target=target, space_generator=design_space(target, wl), task_name="t")
+    # seeded: an unseeded draw of the third space's tile split was 1 x 1 tiles on the 4 x 4 map in
+    # some runs (nothing inside the reduction but the register tile), and the test failed by chance
+    ctx = ms.TuneContext(mod=wl, target=target, space_generator=design_space(target, wl), task_name="t",
+                         rand_state=1)
     spaces = ctx.generate_design_space()
     assert len(spaces) == 3
     for index, sch in enumerate(spaces):
