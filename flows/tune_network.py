@@ -29,11 +29,12 @@ from prefect.states import Completed
 from tasks import crashed_runs
 from tasks.artifacts import TrialProgress, publish
 from tasks.common import results_dir, retry_settings
-from tasks.deploy import build, evaluate
+from tasks.deploy import build, compare_runtime, evaluate
 from tasks.history import record_history, regression_guard
-from tasks.model import extract_tasks, fetch_model, pack_model, quantize_model
+from tasks.model import extract_tasks, fetch_model, layout_model, pack_model, quantize_model
 from tasks.tune import pick_best, tune_task, tune_vta_task
 from vta_pipeline import boards, history, report, steps
+from vta_pipeline import cpu_layout
 from vta_pipeline.config import PipelineConfig, parse_hostport
 from vta_pipeline.extract import load_tasks, select_tasks
 from vta_pipeline.importers import check_model
@@ -87,8 +88,9 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
     root = str(store.root)
     res = {"result_storage": results_dir(root)}
     retry = retry_settings()  # read per run, so a deployment can change it without a redeploy
-    fetch_model_, quantize_, pack_, extract_tasks_, pick_best_, build_ = (
-        t.with_options(**res) for t in (fetch_model, quantize_model, pack_model, extract_tasks, pick_best, build)
+    fetch_model_, quantize_, pack_, layout_, extract_tasks_, pick_best_, build_ = (
+        t.with_options(**res)
+        for t in (fetch_model, quantize_model, pack_model, layout_model, extract_tasks, pick_best, build)
     )
     tune_task_, tune_vta_, evaluate_ = (t.with_options(**res, **retry) for t in (tune_task, tune_vta_task, evaluate))
     key = cfg.board.key
@@ -134,6 +136,12 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
         if cfg.pack.enabled:
             model = packed = pack_(root, model, cfg.pack.model_dump(mode="json"), cfg.vta.model_dump(mode="json"),
                                    cache)
+        recipe = cpu_layout.recipe(cfg, target)
+        logger.info("optimization %s on %s: %s", cfg.opt, target.name,
+                    "every conv blocked" + (", Winograd 3x3" if recipe.winograd else "") if recipe.blocked else
+                    "graph pack's layout" if cfg.pack.enabled else "plain NCHW, TVM's generic spaces")
+        if recipe.blocked:
+            model = packed = layout_(root, model, cpu_layout.layout_config(recipe, target.target_json), cache)
         offload = steps.offload_config(cfg, target)
         vta = offload.model_dump(mode="json") if offload is not None else None
         extracted = extract_tasks_(root, model, tspec, cache, vta)
@@ -143,7 +151,7 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
                         sum(t.count for t in vta_tasks), len(vta_tasks), ", ".join(t.name for t in vta_tasks),
                         meta(extracted).get("cpu_packed_convs", 0))
         tasks = select_tasks(load_tasks(extracted["path"]), cfg.tune.task_filter,
-                             packed_float=cfg.pack.enabled and not cfg.quantize.enabled)
+                             packed_float=steps.wholly_on_cpu(cfg, target))
         logger.info("%d tuning task(s): %s", len(tasks), ", ".join(t.name for t in tasks))
         if stop_after == "extract":
             return {"tasks": [t.to_dict() for t in tasks]}
@@ -185,12 +193,15 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
         ev_cfg = cfg.evaluate.model_dump(mode="json")
         ev_untuned = evaluate_(root, untuned_lib, model, tspec, tracker, key, ev_cfg, "untuned", cache)
         ev_tuned = evaluate_(root, tuned_lib, model, tspec, tracker, key, ev_cfg, "tuned", cache)
+        baseline = compare_runtime.with_options(**retry)(root, cfg.model_dump(mode="json"), tspec, tuned_lib, fetched,
+                                                         tracker, key, board_threads, cache)
 
         # the result, and its guard, while the local board is up: the guard may time builds on it
         task_results = report.task_results(tasks, refs, first_refs, lambda ref: _summary(store, ref))
         result = report.make_result(run_id, cfg.model_dump(mode="json"), meta(fetched), task_results,
                                     meta(ev_untuned), meta(ev_tuned), time.time() - t0)
-        result.update(night=cfg.tune.session or history.night_of(t0), session=cfg.tune.session, target_id=target.id)
+        result.update(night=cfg.tune.session or history.night_of(t0), session=cfg.tune.session, target_id=target.id,
+                      baseline=baseline, opt=cfg.opt, recipe=cpu_layout.recipe(cfg, target).to_dict())
         for label, ev, lib in (("untuned", ev_untuned, untuned_lib), ("tuned", ev_tuned, tuned_lib)):
             result[label].update(evaluation_id=ev["artifact_id"], build_id=lib["artifact_id"])
         if vta_refs:

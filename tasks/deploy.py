@@ -58,3 +58,17 @@ def evaluate(store_root: str, built: dict[str, str], fetched: dict[str, str], ta
         parse_hostport(tracker), board_key, EvalConfig(**evaluate),
     )
     return art.ref()
+
+
+@task(name="compare-runtime", **RETRY)
+def compare_runtime(store_root: str, config: dict[str, Any], target: str, built: dict[str, str],
+                    fetched: dict[str, str], tracker: str, board_key: str, threads: int | None,
+                    cache: str = "on") -> dict[str, Any]:
+    """The tuned build and ONNX Runtime in turn on the board's cores; not cached (a timing
+    belongs to its minutes)."""
+    from vta_pipeline.config import PipelineConfig, parse_hostport
+
+    store = open_store(store_root, cache)
+    return steps.compare_runtime(PipelineConfig.model_validate(config), resolve_target(target),
+                                 artifact(store, built), artifact(store, fetched), parse_hostport(tracker),
+                                 board_key, threads)

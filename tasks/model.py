@@ -51,6 +51,17 @@ def pack_model(store_root: str, model: dict[str, str], pack: dict[str, Any], vta
     return steps.pack_step(store, artifact(store, model), PackConfig(**pack), VTAConfig(**vta)).ref()
 
 
+def _layout_key(p):
+    store = open_store(p["store_root"], p.get("cache", "on"))
+    return store, "cpu_layout", steps.layout_key(store, current_id(store, p["model"]), p["config"])
+
+
+@task(name="cpu-layout", cache_key_fn=store_cache_key(_layout_key), **RESULTS)
+def layout_model(store_root: str, model: dict[str, str], config: dict[str, Any], cache: str = "on") -> dict[str, str]:
+    store = open_store(store_root, cache)
+    return steps.layout_step(store, artifact(store, model), config).ref()
+
+
 def _extract_key(p):
     store = open_store(p["store_root"], p.get("cache", "on"))
     vta = VTAConfig(**p["vta"]) if p.get("vta") else None

@@ -161,6 +161,10 @@ class EvalConfig(_Strict):
                     "untuned network) is timed fewer times, never fewer than 3.")
     rtol: float = Field(1e-3, gt=0, description="Relative tolerance of the output check.")
     atol: float = Field(1e-3, gt=0, description="Absolute tolerance of the output check.")
+    compare: bool = Field(
+        True, description="On a local board of a host CPU target, time ONNX Runtime fp32 on the same model and "
+                          "cores in turn with the tuned build, and report ours / ORT (vta_pipeline.baseline).")
+    compare_rounds: int = Field(7, gt=0, description="Rounds of that timing in turn (medians of the rounds).")
 
 
 class GuardConfig(_Strict):
@@ -256,6 +260,24 @@ class PackConfig(_Strict):
                               "everywhere.")
 
 
+OPT_LEVELS = ("O0", "O1", "O2")
+
+
+class LayoutConfig(_Strict):
+    """The CPU's blocked layout (`passes/cpu_layout`) and what rides on it, for CPU targets run
+    without graph pack (`--pack`/`--vta`, which take VTA's layout instead). Unset fields follow
+    the optimization level (`opt`); a field given here wins over it."""
+
+    enabled: bool | None = Field(
+        None, description="Every conv2d in blocked NCHW[x]c (the target's vector lanes), tuned in the packed design "
+                          "spaces; unset: on from O1.")
+    winograd: bool | None = Field(
+        None, description="Float blocked 3x3 stride-1 convs whose output is at least 14 wide as Winograd F(4x4, 3x3) "
+                          "(F(2x2, 3x3) below winograd_small_below); unset: on at O2.")
+    winograd_small_below: int = Field(
+        28, ge=0, description="Convs whose output is narrower than this take Winograd F(2x2, 3x3) instead of F(4x4).")
+
+
 class BoardConfig(_Strict):
     tracker: str | None = Field(
         None, description="HOST:PORT of the RPC tracker; unset = start a local board on 127.0.0.1."
@@ -284,6 +306,13 @@ class BoardConfig(_Strict):
 class PipelineConfig(_Strict):
     model: ModelConfig = ModelConfig()
     target: str = Field("host", description="Target preset name or TVM target JSON.")
+    opt: Literal["O0", "O1", "O2"] = Field(
+        "O2",
+        description="Optimization preset of CPU targets (vta_pipeline.cpu_layout.recipe): O0 = TVM's generic "
+        "design spaces in plain NCHW; O1 = every conv blocked (NCHW[x]c, int8 on the CPU's dot product) in the "
+        "packed design spaces; O2 = O1 and Winograd for float 3x3 convs. Explicit layout.* fields override it; "
+        "--pack/--vta take graph pack's layout instead.")
+    layout: LayoutConfig = LayoutConfig()
     tune: TuneConfig = TuneConfig()
     measure: MeasureConfig = MeasureConfig()
     evaluate: EvalConfig = EvalConfig()

@@ -13,7 +13,7 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -177,6 +177,7 @@ def time_in_turn(
     rounds: int,
     min_repeat_ms: float = 50.0,
     session_timeout: int = 600,
+    local: Sequence[Callable[[], float]] = (),
 ) -> list[list[float]]:
     """Each library's latency (ms per run) in each of `rounds` rounds, all of them on one board
     session, one after the other in every round: the first library first in even rounds and
@@ -192,8 +193,9 @@ def time_in_turn(
     import tvm
     from tvm import relax
 
-    if rounds < 1 or len(libs) < 2:
-        raise ValueError(f"timing in turn needs two or more libraries and a round or more, got {len(libs)} and {rounds}")
+    if rounds < 1 or len(libs) + len(local) < 2:
+        raise ValueError(f"timing in turn needs two or more engines and a round or more, got "
+                         f"{len(libs) + len(local)} and {rounds}")
     remote = _request_board(tracker, key, session_timeout)
     try:
         dev = _device(remote, target_kind)
@@ -206,12 +208,12 @@ def time_in_turn(
             per_run_s = vm.time_evaluator("main", dev, number=1, repeat=1)(xd).mean
             number, _ = plan_timing(1, 1, min_repeat_ms, None, per_run_s)
             timers.append((vm.time_evaluator("main", dev, number=number, repeat=1), xd))
-        ms: list[list[float]] = [[] for _ in libs]
+        engines = [lambda t=t, xd=xd: float(t(xd).mean) * 1e3 for t, xd in timers] + list(local)
+        ms: list[list[float]] = [[] for _ in engines]
         for r in range(-1, rounds):  # round -1 is not counted: each library's first full repeat runs cold
-            order = range(len(libs)) if r % 2 == 0 else reversed(range(len(libs)))
+            order = range(len(engines)) if r % 2 == 0 else reversed(range(len(engines)))
             for i in order:
-                timer, xd = timers[i]
-                t = float(timer(xd).mean) * 1e3
+                t = engines[i]()
                 if r >= 0:
                     ms[i].append(t)
     except Exception as e:

@@ -113,10 +113,10 @@ def _write(mod, params: list[np.ndarray], x, y, out_dir: Path, cfg: ModelConfig,
     }
 
 
-def _from_torch(cfg: ModelConfig, x: np.ndarray):
+def torch_model(cfg: ModelConfig):
+    """The seeded PyTorch model of a builtin or torchvision `cfg`, in eval mode: what fetch
+    imports, and what the run's ONNX Runtime baseline exports (`baseline`)."""
     import torch
-    from tvm.relax.frontend import detach_params
-    from tvm.relax.frontend.torch import from_exported_program
 
     torch.manual_seed(cfg.seed)
     if cfg.source == "builtin":
@@ -135,7 +135,15 @@ def _from_torch(cfg: ModelConfig, x: np.ndarray):
                 f"could not load pretrained weights of torchvision {cfg.name!r}: {e}. "
                 "Without network access, drop --pretrained (random weights)."
             ) from None
-    model.eval()
+    return model.eval()
+
+
+def _from_torch(cfg: ModelConfig, x: np.ndarray):
+    import torch
+    from tvm.relax.frontend import detach_params
+    from tvm.relax.frontend.torch import from_exported_program
+
+    model = torch_model(cfg)
     xt = torch.from_numpy(x)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.export's own deprecations

@@ -86,7 +86,25 @@ def latency_rows(result: dict[str, Any]) -> list[list[str]]:
             "yes" if e["correct"] else f"NO (max err {e['max_abs_err']:.2e})",
             str(e.get("threads") or "-"),
         ])
+    b = result.get("baseline") or {}
+    if b.get("ort_ms"):  # timed in turn with the tuned build: the medians of those rounds
+        rows.append([f"{b['engine']} (in turn)", "-", "-", f"{b['ort_ms']:.3f}",
+                     f"{result['untuned']['mean_ms'] / b['ort_ms']:.2f}x",
+                     "yes" if b.get("ort_output_matches") else "differs", str(b.get("threads") or "-")])
     return rows
+
+
+def baseline_line(result: dict[str, Any]) -> str | None:
+    """Whether tuning beat the runtime the user already has, in one line."""
+    b = result.get("baseline")
+    if not b:
+        return None
+    if b.get("absent"):
+        return f"no {b['engine']} row: {b['absent']}"
+    verdict = "faster than" if b["ratio"] < 1 else "slower than"
+    int8 = " (this run is int8; ORT's int8 QDQ is timed by benchmarks/compare.py)" if b.get("int8_run") else ""
+    return (f"in turn with {b['engine']} ({b['rounds']} rounds, {b['threads']} threads): tuned {b['ours_ms']:.3f} ms, "
+            f"ORT {b['ort_ms']:.3f} ms: {b['ratio']:.2f}x, {verdict} ONNX Runtime{int8}")
 
 
 LATENCY_HEADER = ["build", "mean ms", "std ms", "median ms", "speed-up", "output correct", "board threads"]
@@ -197,6 +215,9 @@ def render(result: dict[str, Any]) -> str:
         for r in vta_rows(v):
             vt.add_row(*r)
         console.print(vt)
+    line = baseline_line(result)
+    if line:
+        console.print(line)
     console.print(f"speed-up {result['speedup']:.2f}x, run took {result['seconds']:.0f} s")
     return console.export_text()
 

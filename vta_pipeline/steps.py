@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import build as build_mod
+from . import cpu_layout as layout_mod
 from . import evaluate as eval_mod
 from . import extract as extract_mod
 from . import guard, history, records_library, retime
@@ -151,13 +152,37 @@ def pack_step(store: ArtifactStore, model: Artifact, pack: PackConfig, vta: VTAC
     )
 
 
-def prepare_model(store: ArtifactStore, cfg: PipelineConfig, upto: str = "pack") -> Artifact:
-    """fetch -> quantize (if enabled) -> pack (if enabled): the network the tasks come from."""
+# ---- cpu layout -------------------------------------------------------------------------------
+def layout_key(store: ArtifactStore, model_id: str, config: dict[str, Any]) -> str:
+    return store.key(layout_mod.STEP, version=layout_mod.VERSION, inputs={"model": model_id}, config=config)
+
+
+def layout_step(store: ArtifactStore, model: Artifact, config: dict[str, Any]) -> Artifact:
+    """The network with every conv blocked for the CPU; `config` is `cpu_layout.layout_config`'s."""
+    key = layout_key(store, model.id, config)
+    return store.produce(layout_mod.STEP, key, lambda out: layout_mod.layout_model(model.path, config, out),
+                         inputs={"model": model.id}, config=config)
+
+
+def wholly_on_cpu(cfg: PipelineConfig, target: ResolvedTarget) -> bool:
+    """Whether every task of the network runs on the CPU in our packed spaces (float graph pack
+    or the blocked layout): then `select_tasks`' auto tunes them all, not only VTA's packed convs."""
+    return (cfg.pack.enabled and not cfg.quantize.enabled) or layout_mod.recipe(cfg, target).blocked
+
+
+def prepare_model(store: ArtifactStore, cfg: PipelineConfig, upto: str = "pack",
+                  target: ResolvedTarget | None = None) -> Artifact:
+    """fetch -> quantize (if enabled) -> pack (if enabled) or, on a CPU `target`, the blocked
+    layout (as the preset says): the network the tasks come from."""
     model = fetch_step(store, cfg.model)
     if cfg.quantize.enabled and upto in ("quantize", "pack"):
         model = quantize_step(store, model, cfg.quantize, cfg.model.seed)
     if cfg.pack.enabled and upto == "pack":
         model = pack_step(store, model, cfg.pack, cfg.vta)
+    elif upto == "pack" and target is not None:
+        r = layout_mod.recipe(cfg, target)
+        if r.blocked:
+            model = layout_step(store, model, layout_mod.layout_config(r, target.target_json))
     return model
 
 
@@ -391,6 +416,26 @@ def evaluate_step(store: ArtifactStore, built: Artifact, fetched: Artifact, targ
 
 
 # ---- after the evaluation ----------------------------------------------------------------------
+def compare_runtime(cfg: PipelineConfig, target: ResolvedTarget, built: Artifact, fetched: Artifact,
+                    tracker: tuple[str, int], board_key: str, threads: int | None) -> dict[str, Any]:
+    """The tuned build timed in turn with ONNX Runtime fp32 (`baseline`), or why not."""
+    import tempfile
+
+    from . import baseline
+
+    why = baseline.absent_reason(cfg, target)
+    if why is not None:
+        return {"engine": baseline.ENGINE, "absent": why}
+    x, y = importers.load_reference(fetched.path)
+    with tempfile.TemporaryDirectory() as work:
+        onnx_path = baseline.onnx_model(cfg, fetched.path, Path(work))
+        out = baseline.compare(built.file(build_mod.LIB), onnx_path, x, y, tracker, board_key,
+                               threads or target.cpu_threads or 1, cfg.evaluate.compare_rounds,
+                               cfg.evaluate.min_repeat_ms)
+    return {**out, "int8_run": cfg.quantize.enabled}
+
+
+
 def regression_verdict(store: ArtifactStore, result: dict[str, Any], cfg: GuardConfig, target: ResolvedTarget,
                        tracker: tuple[str, int], board_key: str, fetched: Artifact,
                        min_repeat_ms: float = 50.0) -> guard.Verdict:

@@ -70,12 +70,22 @@ def _int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, c
         "pack.bfactor": bfactor, "pack.cfactor": cfactor, "pack.layout": pack_layout,
         "pack.pad_channels": pad_channels, "pack.stem": pack_stem, "pack.depthwise_dot": depthwise_dot,
         "pack.winograd": winograd, "pack.winograd_small_below": winograd_small_below,
+        # the same flags for the blocked layout of CPU targets (graph pack's when --pack is on)
+        "layout.winograd": winograd, "layout.winograd_small_below": winograd_small_below,
     }
     if vta_config is not None:
         from vta_pipeline.vta_config import VTAConfig
 
         out["vta"] = _guard(lambda: VTAConfig.load(vta_config)).model_dump()
     return out
+
+
+def _opt_overrides(opt, blocked) -> dict:
+    """The optimization preset and its layout switch, as overrides."""
+    if opt is not None and opt.upper() not in ("O0", "O1", "O2"):
+        _fail(f"--opt {opt!r}: use O0 (TVM's generic spaces, plain NCHW), O1 (every conv blocked, packed spaces) "
+              "or O2 (O1 and Winograd; the default)")
+    return {"opt": opt and opt.upper(), "layout.enabled": blocked}
 
 
 def _config(config, overrides):

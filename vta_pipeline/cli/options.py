@@ -59,5 +59,11 @@ WinogradSmallBelowOpt = Annotated[Optional[int], typer.Option(
     "--winograd-small-below", min=0,
     help="With --winograd: convs whose output is narrower than this run as F(2x2, 3x3), whose transformed weights "
          "are 16/9 of the direct conv's, not 36/9 (default 28; 0: F(4x4, 3x3) everywhere).")]
+# the optimization preset of CPU targets (vta_pipeline.cpu_layout)
+OptLevelOpt = Annotated[Optional[str], typer.Option(
+    "--opt", help="O0 (TVM's generic spaces, plain NCHW) | O1 (every conv blocked NCHW[x]c in our packed spaces; "
+                  "int8 on the CPU's dot product) | O2 (O1 and Winograd for float 3x3 convs; the default).")]
+BlockedOpt = Annotated[Optional[bool], typer.Option(
+    "--blocked/--no-blocked", help="Override the preset: every conv in the CPU's blocked layout, or none.")]
 # the history sub-commands' --json
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON rows instead of a table.")]

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vta_pipeline.cli.common import _config, _fail, _guard, _int8_overrides, _model_overrides
+from vta_pipeline.cli.common import _config, _fail, _guard, _int8_overrides, _opt_overrides, _model_overrides
 from vta_pipeline.cli.options import (
     BfactorOpt,
     CalibDataOpt,
@@ -24,6 +24,7 @@ from vta_pipeline.cli.options import (
     PackStemOpt,
     DepthwiseDotOpt,
     WinogradOpt, WinogradSmallBelowOpt,
+    OptLevelOpt, BlockedOpt,
     PadChannelsOpt,
     QuantizeDenseOpt,
     Int8ActivationsOpt,
@@ -99,6 +100,8 @@ def run(
     depthwise_dot: DepthwiseDotOpt = None,
     winograd: WinogradOpt = None,
     winograd_small_below: WinogradSmallBelowOpt = None,
+    opt: OptLevelOpt = None,
+    blocked: BlockedOpt = None,
     session: Annotated[Optional[str], typer.Option(
         help="Tuning session (e.g. tonight's date): a new session tunes a full budget of its own.")] = None,
     warm_start: Annotated[Optional[int], typer.Option(
@@ -141,6 +144,7 @@ def run(
                               calibration_data, pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx,
                               bfactor, cfactor, pack_layout, pad_channels, quantize_dense, pack_stem,
                               int8_activations, depthwise_dot, winograd, winograd_small_below),
+            **_opt_overrides(opt, blocked),
         })
         from vta_pipeline import steps
 

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vta_pipeline.cli.common import _config, _guard, _int8_overrides, _model_overrides
+from vta_pipeline.cli.common import _config, _guard, _int8_overrides, _opt_overrides, _model_overrides
 from vta_pipeline.cli.options import (
     BfactorOpt,
     CalibDataOpt,
@@ -25,6 +25,7 @@ from vta_pipeline.cli.options import (
     PackStemOpt,
     DepthwiseDotOpt,
     WinogradOpt, WinogradSmallBelowOpt,
+    OptLevelOpt, BlockedOpt,
     PadChannelsOpt,
     QuantizeDenseOpt,
     Int8ActivationsOpt,
@@ -76,6 +77,8 @@ def tasks_cmd(
     depthwise_dot: DepthwiseDotOpt = None,
     winograd: WinogradOpt = None,
     winograd_small_below: WinogradSmallBelowOpt = None,
+    opt: OptLevelOpt = None,
+    blocked: BlockedOpt = None,
 ):
     """Fetch (quantize, pack) the model and print its tuning tasks, cached in the store like a run's.
     The workload columns are the VTA recipe's; packed tasks count batch = N/b*b, in_filter = C/c*c."""
@@ -93,13 +96,14 @@ def tasks_cmd(
                               calibration_data, pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx,
                               bfactor, cfactor, pack_layout, pad_channels, quantize_dense, pack_stem,
                               int8_activations, depthwise_dot, winograd, winograd_small_below),
+            **_opt_overrides(opt, blocked),
         })
         tgt = resolve_target(cfg.target)
         st = ArtifactStore(cfg.store)
-        fetched = steps.prepare_model(st, cfg)
+        fetched = steps.prepare_model(st, cfg, target=tgt)
         extracted = steps.extract_step(st, fetched, tgt, steps.offload_config(cfg, tgt))
         tasks = select_tasks(load_tasks(extracted.path), cfg.tune.task_filter,
-                             packed_float=cfg.pack.enabled and not cfg.quantize.enabled)
+                             packed_float=steps.wholly_on_cpu(cfg, tgt))
         if as_json:
             out = []
             for t in tasks:
@@ -220,6 +224,7 @@ def build_cmd(
     quantize: QuantizeOpt = None,
     calibrate_mode: CalibModeOpt = None,
     pack: PackOpt = None,
+    opt: OptLevelOpt = None,
 ):
     """Build the network untuned for a target, without a board (cross-compiled for the ARM
     presets), cached in the store like a run's steps; prints the library's path. Tuned
@@ -237,11 +242,13 @@ def build_cmd(
             "store": store and str(store),
             **_int8_overrides(vta, vta_config, quantize, None, None, calibrate_mode, None, pack,
                               None, None, None, None, None, None),
+            **_opt_overrides(opt, None),
         })
         tgt = resolve_target(cfg.target)
         steps.check_target(cfg, tgt)
         st = ArtifactStore(cfg.store)
-        extracted = steps.extract_step(st, steps.prepare_model(st, cfg), tgt, steps.offload_config(cfg, tgt))
+        extracted = steps.extract_step(st, steps.prepare_model(st, cfg, target=tgt), tgt,
+                                       steps.offload_config(cfg, tgt))
         built = steps.build_step(st, extracted, None, tgt)
         lib = built.file("model.so")
         if out is not None:

@@ -44,6 +44,7 @@ PACKED_CONV = "conv2d_packed"
 PACKED_DEPTHWISE = "depthwise_conv2d_packed"
 DOT_CONV = "conv2d_dot_packed"
 DEPTHWISE_DOT = "depthwise_conv2d_dot_packed"
+GROUP_CONV = "group_conv2d_packed"
 DOT_REDUCE = 4
 
 
@@ -81,8 +82,8 @@ def _pad(data: te.Tensor, kh: int, kw: int, strides, padding):
 
 
 def _packed_conv(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str, channel, name: str):
-    """The packed conv sum over (k_o, d_i, d_j, k_i); `channel(k_o, k_i, bi)` gives the data
-    block and lane the kernel's input-channel indices read."""
+    """The packed conv sum over (k_o, d_i, d_j, k_i); `channel(c_o, k_o, k_i, bc, bi)` gives the
+    data block and lane the kernel's input-channel indices read for output block `c_o`."""
     nb, cb, h, w, bn, bc = (int(d) for d in data.shape)
     ob, icb, kh, kw, bo, bi = (int(d) for d in kernel.shape)
     pad, hs, ws, oh, ow = _pad(data, kh, kw, strides, padding)
@@ -90,14 +91,15 @@ def _packed_conv(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype
     d_i = te.reduce_axis((0, kh), name="d_i")
     d_j = te.reduce_axis((0, kw), name="d_j")
     k_i = te.reduce_axis((0, bi), name="k_i")
-    block, lane = channel(k_o, k_i, bc, bi)
+
+    def body(b_o, c_o, i, j, b_i, c_i):
+        block, lane = channel(c_o, k_o, k_i, bc, bi)
+        return te.sum(pad[b_o, block, i * hs + d_i, j * ws + d_j, b_i, lane].astype(out_dtype)
+                      * kernel[c_o, k_o, d_i, d_j, c_i, k_i].astype(out_dtype), axis=[k_o, d_i, d_j, k_i])
+
     return te.compute(
         (nb, ob, oh, ow, bn, bo),
-        lambda b_o, c_o, i, j, b_i, c_i: te.sum(
-            pad[b_o, block, i * hs + d_i, j * ws + d_j, b_i, lane].astype(out_dtype)
-            * kernel[c_o, k_o, d_i, d_j, c_i, k_i].astype(out_dtype),
-            axis=[k_o, d_i, d_j, k_i],
-        ),
+        body,
         name=name,
         tag=name,
     )
@@ -107,7 +109,7 @@ def conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtyp
                   name: str = PACKED_CONV) -> te.Tensor:
     """VTA's conv2d_packed: data (N/b, C/c, H, W, b, c), kernel (O/c, C/c, kh, kw, c, c); also
     a packed stem's, whose input block (4 channels) is narrower than its output block."""
-    return _packed_conv(data, kernel, strides, padding, out_dtype, lambda k_o, k_i, bc, bi: (k_o, k_i), name)
+    return _packed_conv(data, kernel, strides, padding, out_dtype, lambda c_o, k_o, k_i, bc, bi: (k_o, k_i), name)
 
 
 def conv2d_dot_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str) -> te.Tensor:
@@ -117,7 +119,20 @@ def conv2d_dot_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_
     if int(data.shape[5]) == int(kernel.shape[5]):
         return conv2d_packed(data, kernel, strides, padding, out_dtype, DOT_CONV)
     return _packed_conv(data, kernel, strides, padding, out_dtype,
-                        lambda k_o, k_i, bc, bi: (k_o // (bc // bi), (k_o % (bc // bi)) * bi + k_i), DOT_CONV)
+                        lambda c_o, k_o, k_i, bc, bi: (k_o // (bc // bi), (k_o % (bc // bi)) * bi + k_i), DOT_CONV)
+
+
+def group_conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str,
+                        groups: int) -> te.Tensor:
+    """A grouped conv on blocked data, each group whole blocks of its input and its output
+    (the CPU layout's, `cpu_layout`): data (N, C/bi, H, W, 1, bi), kernel (O/bo, (C/g)/bi, kh,
+    kw, bo, bi); output block c_o reads the input blocks of its group. Its block is named as
+    the plain packed conv's (`PACKED_CONV`): the packed conv space's nest schedules the same
+    ten loops, only the data index differs."""
+    out_per_group = int(kernel.shape[0]) // groups
+    in_per_group = int(kernel.shape[1])
+    return _packed_conv(data, kernel, strides, padding, out_dtype,
+                        lambda c_o, k_o, k_i, bc, bi: (c_o // out_per_group * in_per_group + k_o, k_i), PACKED_CONV)
 
 
 def _depthwise_conv(data: te.Tensor, kernel: te.Tensor, kh: int, kw: int, weight, strides, padding,
@@ -171,8 +186,11 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> Any:
     if any(int(d) != 1 for d in a.dilation):
         raise ValueError(f"packed conv2d with dilation {list(a.dilation)} is not supported")
     out_dtype = str(a.out_dtype)
-    if out_dtype in ("", "void"):
+    if out_dtype in ("", "void", "None"):
         out_dtype = str(call.args[0].ty.dtype)
+    if int(a.groups) != 1 and str(a.kernel_layout).endswith("i"):
+        return bb.call_te(group_conv2d_packed, call.args[0], call.args[1], strides=a.strides, padding=a.padding,
+                          out_dtype=out_dtype, groups=int(a.groups), primfunc_name_hint=GROUP_CONV)
     if int(a.groups) != 1 and len(shape_of(call.args[1])) == 6:
         fn, name = depthwise_conv2d_dot_packed, DEPTHWISE_DOT
     elif int(a.groups) != 1:
