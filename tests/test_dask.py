@@ -42,7 +42,7 @@ def _cfg(store, tracker, key, trials=2):
         "model.source": "builtin", "model.name": "micronet", "board.tracker": tracker, "board.key": key,
         "tune.trials_per_task": trials, "tune.trials_per_batch": trials, "tune.task_filter": "conv2d",
         "tune.search": "replay-trace", "tune.cost_model": "random", "measure.number": 2, "evaluate.repeat": 3,
-        "store": str(store),
+        "store": str(store), "opt": "O0",
     }).model_dump(mode="json")
 
 

@@ -193,7 +193,7 @@ def _cfg(store, tracker, key, trials=4, batch=2):
     return build_config(None, {
         "model.source": "builtin", "model.name": "micronet", "board.tracker": tracker, "board.key": key,
         "tune.trials_per_task": trials, "tune.trials_per_batch": batch, "tune.task_filter": "conv2d",
-        "measure.number": 2, "measure.timeout_s": 5, "evaluate.repeat": 3, "store": str(store),
+        "measure.number": 2, "measure.timeout_s": 5, "evaluate.repeat": 3, "store": str(store), "opt": "O0",
     }).model_dump(mode="json")
 
 

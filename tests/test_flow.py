@@ -22,6 +22,7 @@ def _cfg(store, tracker, key, trials=4, seed=0):
         "board.tracker": tracker, "board.key": key, "tune.trials_per_task": trials,
         "tune.trials_per_batch": 4, "tune.task_filter": "conv2d", "measure.number": 2,
         "evaluate.repeat": 3, "store": str(store),
+        "opt": "O0",  # what is under test is the DAG, not the layout: plain NCHW, every trial measured
     }).model_dump(mode="json")
 
 
@@ -127,7 +128,8 @@ def test_board_lost_before_upload_then_rerun_resumes_at_evaluate(tmp_path):
     with LocalBoard(key="flaky", num_servers=2) as b:
         cmd = [sys.executable, "-m", "vta_pipeline.cli", "run", "--model", "micronet", "--source", "builtin",
                "--tracker", b.tracker, "--key", "flaky", "--trials-per-task", "4", "--trials-per-batch", "4",
-               "--task-filter", "conv2d", "--number", "2", "--eval-repeat", "3", "--store", str(store.root)]
+               "--task-filter", "conv2d", "--number", "2", "--eval-repeat", "3", "--store", str(store.root),
+               "--opt", "O0"]
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.time() + 900
         while not any(e["event"] == "started" and e["step"] == "build" for e in store.events()):
@@ -152,3 +154,27 @@ def test_board_lost_before_upload_then_rerun_resumes_at_evaluate(tmp_path):
         started = {e["step"] for e in store.events() if e["event"] == "started" and e["t"] >= t1}
         assert not started & {"fetch", "extract", "tune", "pick_best"}
         assert "speed-up" in done.stdout
+
+
+def test_a_run_with_no_layout_flag_blocks_every_conv_and_says_whether_it_beat_onnx_runtime(prefect_harness, board,
+                                                                                            tmp_path):
+    """The default preset (O2) on a CPU target: the cpu-layout step blocks micronet's convs
+    (its 16-channel 3x3 as Winograd), every task is tuned, and the result holds ONNX Runtime
+    fp32 timed in turn with the tuned build on the board's cores (a loopback tracker)."""
+    from flows.tune_network import tune_network
+    from vta_pipeline.report import render
+
+    store = ArtifactStore(tmp_path / "store")
+    cfg = {k: v for k, v in _cfg(store.root, board.tracker, board.key).items() if k != "opt"}
+    cfg["tune"] = {**cfg["tune"], "task_filter": "auto"}
+    result = tune_network(cfg)  # no "opt": the default
+    assert result["opt"] == "O2" and result["recipe"]["blocked"] and result["recipe"]["winograd"]
+    layout = result["transforms"]["cpu_layout"]
+    assert layout["convs"] == layout["blocked_convs"] == 2 and layout["winograd_convs"] == 1
+    assert "cpu_layout" in _computed(store)
+    assert any("winograd" in t["task"] for t in result["tasks"]) and result["tuned"]["correct"]
+    b = result["baseline"]
+    assert b["engine"] == "ONNX Runtime fp32" and b["ort_ms"] > 0 and b["ort_output_matches"]
+    assert b["ratio"] == pytest.approx(b["ours_ms"] / b["ort_ms"]) and len(b["ort_rounds_ms"]) == b["rounds"]
+    text = render(result)
+    assert "ONNX Runtime fp32 (in turn)" in text and "in turn with ONNX Runtime fp32" in text

@@ -206,3 +206,22 @@ def test_the_shipped_library_reads_and_names_its_provenance():
         assert json.loads(r["cpu_class"])["target"]["kind"] == "llvm"
         assert isinstance(json.loads(r["record"]), list) and r["latency_ms"] > 0
         assert r["cpu"] and r["commit"] and r["night"] and 1 <= r["rank"] <= records_library.PER_WORKLOAD
+
+
+def test_a_cpu_class_the_library_lacks_borrows_records_from_a_class_whose_instruction_sets_it_has():
+    """The shipped AMX Xeon's records (LLVM's rocketlake: AVX-512 with VNNI and VBMI) seed a Zen 4
+    (those and more); an AVX2-only Zen 3 gets none of them, and rocketlake keeps its own."""
+    rows = records_library.read(records_library.BUILTIN)
+    rocket = [r for r in rows.to_pylist() if json.loads(r["cpu_class"])["target"].get("mcpu") == "rocketlake"]
+    assert rocket, "the shipped library has no rocketlake file"
+    wk = rocket[0]["workload_key"]
+
+    def target(mcpu):
+        return resolve_target(json.dumps({"kind": "llvm", "mcpu": mcpu, "num-cores": 2}))
+
+    records, note = records_library.seeds(records_library.BUILTIN, wk, target("znver4"), 4)
+    assert records and note["borrowed_from"] == "rocketlake"
+    assert records_library.seeds(records_library.BUILTIN, wk, target("znver3"), 4) == ([], {})
+    own, note = records_library.seeds(records_library.BUILTIN, wk, target("rocketlake"), 4)
+    assert own and "borrowed_from" not in note
+    assert records_library.compatible_classes(records_library.BUILTIN, target("znver3")) == []

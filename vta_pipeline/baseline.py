@@ -7,7 +7,8 @@ untuned build says nothing about that. ONNX Runtime's CPU provider is the usual 
 the tuned build on the board (`evaluate.time_in_turn`): on a shared host two timings minutes
 apart differ by more than the gap being judged.
 
-Only where the board's cores are this machine's (a local board of a host CPU target): ORT
+Only where the board's cores are this machine's (a local board, or a tracker on loopback, of a
+host CPU target): ORT
 runs in this process, with as many threads as the board runs kernels with. Elsewhere the
 result says why there is no such row. Not cached: a timing belongs to the minutes it was
 taken in.
@@ -26,12 +27,16 @@ from .config import PipelineConfig
 ENGINE = "ONNX Runtime fp32"
 
 
+def _loopback(host: str) -> bool:
+    return host == "localhost" or host == "::1" or host.startswith("127.")
+
+
 def absent_reason(cfg: PipelineConfig, target: Any) -> str | None:
     """Why the run has no ONNX Runtime row, or None when it can have one."""
     if not cfg.evaluate.compare:
         return "--no-compare"
-    if cfg.board.tracker is not None:
-        return "the board is remote (ONNX Runtime runs on this machine, not on the board)"
+    if cfg.board.tracker is not None and not _loopback(cfg.board.address()[0]):
+        return "the board is remote (ONNX Runtime would run on this machine's cores, not the board's)"
     if target.kind != "llvm" or target.cross_compiler:
         return f"target {target.name!r} does not run on this machine's CPU"
     if target.offload:

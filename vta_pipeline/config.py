@@ -260,9 +260,6 @@ class PackConfig(_Strict):
                               "everywhere.")
 
 
-OPT_LEVELS = ("O0", "O1", "O2")
-
-
 class LayoutConfig(_Strict):
     """The CPU's blocked layout (`passes/cpu_layout`) and what rides on it, for CPU targets run
     without graph pack (`--pack`/`--vta`, which take VTA's layout instead). Unset fields follow
@@ -308,7 +305,7 @@ class PipelineConfig(_Strict):
     target: str = Field("host", description="Target preset name or TVM target JSON.")
     opt: Literal["O0", "O1", "O2"] = Field(
         "O2",
-        description="Optimization preset of CPU targets (vta_pipeline.cpu_layout.recipe): O0 = TVM's generic "
+        description="Optimization preset of CPU targets (vta_pipeline.presets): O0 = TVM's generic "
         "design spaces in plain NCHW; O1 = every conv blocked (NCHW[x]c, int8 on the CPU's dot product) in the "
         "packed design spaces; O2 = O1 and Winograd for float 3x3 convs. Explicit layout.* fields override it; "
         "--pack/--vta take graph pack's layout instead.")

@@ -16,7 +16,11 @@ workloads the store has no records of.
 
 A CPU class is the TVM target (and host) without "num-cores": a schedule replays on any
 core count and its rank carries over within one microarchitecture (-mcpu), not across
-them (a VNNI int8 kernel does not even run on an AVX2 CPU).
+them (a VNNI int8 kernel does not even run on an AVX2 CPU). A class the library has no
+records of a workload for borrows them from a class whose instruction sets are a subset of
+its own (`compatible_classes`: an AVX2-only class's records on an AVX-512 CPU, never the
+reverse), nearest first: they run here, and, measured on the board like every library
+record, cost a few trials where they are slow.
 """
 
 from __future__ import annotations
@@ -115,21 +119,66 @@ def read(library_dir: Path | None, target=None) -> pa.Table:
     return t
 
 
+# the LLVM features that are instruction sets (the rest are tuning hints: fast-gather, prefer-256-bit ...)
+_ISA = re.compile(r"^(avx|sse|ssse|fma|f16c|amx|bmi|popcnt|lzcnt|aes|vaes|sha|gfni|pclmul|vpclmulqdq|movbe|adx|"
+                  r"neon|dotprod|i8mm|sve|fullfp16|fp16|bf16|mmx|cx16|xsave|crc)")
+
+
+def isa_features(target_json: dict[str, Any]) -> frozenset[str]:
+    """The instruction sets LLVM gives a CPU target's -mcpu (and -mattr)."""
+    import tvm
+    from tvm.target import codegen
+
+    try:
+        feats = codegen.llvm_get_cpu_features(tvm.target.Target(dict(target_json)))
+    except Exception:  # noqa: BLE001 - a target LLVM cannot read has no features to compare
+        return frozenset()
+    return frozenset(str(f) for f in feats if _ISA.match(str(f)))
+
+
+def compatible_classes(library_dir: Path, target) -> list[str]:
+    """The library's other CPU classes whose records run on `target`: the same target but for
+    -mcpu, their instruction sets a subset of the target's; the nearest (most sets) first."""
+    own = cpu_class(target.target_json, target.host_json)
+    mine = isa_features({**own["target"], "kind": target.kind})
+    found = []
+    for cls in sorted(set(read(library_dir).column("cpu_class").to_pylist())):
+        c = json.loads(cls)
+        if c == own or c.get("host") != own["host"]:
+            continue
+        theirs_t = {k: v for k, v in c["target"].items() if k not in ("mcpu", "mattr")}
+        if theirs_t != {k: v for k, v in own["target"].items() if k not in ("mcpu", "mattr")}:
+            continue
+        theirs = isa_features(c["target"])
+        if theirs and theirs <= mine:
+            found.append((len(theirs), cls))
+    return [cls for _, cls in sorted(found, reverse=True)]
+
+
 def seeds(library_dir: Path | None, workload_key: str, target, k: int) -> tuple[list[Any], dict[str, Any]]:
     """Up to k records of a workload for the target's CPU class, best first, and their
-    provenance ({"library", "cpu", "isa", "commit", "night", "latency_ms", ...}); ([], {})
-    when the library has none."""
+    provenance ({"library", "cpu", "isa", "commit", "night", "latency_ms", ...}); where the
+    class has none, a compatible class's (`compatible_classes`; the note names it under
+    "borrowed_from"); ([], {}) when the library has none."""
     if library_dir is None or k <= 0:
         return [], {}
     t = read(library_dir, target)
-    t = t.filter(pc.field("workload_key") == workload_key).sort_by([("rank", "ascending")])
-    rows = t.to_pylist()[:k]
+    rows = t.filter(pc.field("workload_key") == workload_key).sort_by([("rank", "ascending")]).to_pylist()[:k]
+    borrowed = None
+    if not rows:
+        everything = read(library_dir).filter(pc.field("workload_key") == workload_key)
+        for cls in compatible_classes(library_dir, target) if everything.num_rows else []:
+            rows = everything.filter(pc.field("cpu_class") == cls).sort_by([("rank", "ascending")]).to_pylist()[:k]
+            if rows:
+                borrowed = json.loads(cls)["target"].get("mcpu")
+                break
     if not rows:
         return [], {}
     first = rows[0]
     note = {"library": str(library_dir), "records": len(rows), "task": first["task"], "model": first["model"],
             "cpu": first["cpu"], "isa": first["isa"], "threads": first["threads"], "commit": first["commit"],
-            "night": first["night"], "latency_ms": first["latency_ms"], "measured": first["measured"]}
+            "night": first["night"], "latency_ms": first["latency_ms"], "measured": first["measured"],
+            **({"borrowed_from": borrowed} if borrowed else {})}
     return [json.loads(r["record"]) for r in rows], note
 
 

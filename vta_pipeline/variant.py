@@ -11,7 +11,10 @@ The variant is what changes the network that gets built:
 * quantize, when on: its structural options only (which layers stay float, bit widths, the
   activation type between layers). Calibration (scales, data, mode) changes the shift
   amounts, not the kernels, so a new calibration set does not start a new history;
-* graph pack, when on, with the VTA config whose BATCH / BLOCK fill its unset factors.
+* graph pack, when on, with the VTA config whose BATCH / BLOCK fill its unset factors;
+* the CPU's blocked layout and Winograd, when the preset (`opt`) or the layout fields turn
+  them on (`presets.recipe`). A config from before the presets has no `opt`: it ran
+  plain NCHW, and keeps its variant.
 
 Tuning budgets, measurement and evaluation settings are not part of it: a night with more
 trials is the same variant, better tuned, which is what the guard is there to compare.
@@ -27,12 +30,30 @@ from .hashing import sha256_json, short
 STRUCTURAL_QUANTIZE = ("skip_conv_layers", "skip_dense_layer", "nbit_input", "nbit_weight", "dtype_activation")
 
 
+def _layout(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The blocked layout's recipe of a run's config, or None where it ran without it."""
+    if "opt" not in config:
+        return None
+    from .presets import recipe
+    from .targets import resolve_target
+
+    try:
+        r = recipe(config, resolve_target(config.get("target", "host")))
+    except Exception:  # noqa: BLE001 - a target this code cannot resolve any more: as it was recorded
+        return None
+    return r.to_dict() if r.blocked else None
+
+
 def label(config: dict[str, Any]) -> str:
-    """A readable name: fp32 / int8, then the pack layout and channel block when packed."""
+    """A readable name: fp32 / int8, then the pack layout and channel block when packed, or
+    "blocked" (and "winograd") for the CPU's blocked layout."""
     q, p = config.get("quantize") or {}, config.get("pack") or {}
     name = "int8" if q.get("enabled") else "fp32"
     if p.get("enabled"):
         name += f"-{p.get('layout', 'vta')}" + (f"-c{p['cfactor']}" if p.get("cfactor") else "")
+    layout = _layout(config)
+    if layout:
+        name += "-blocked" + ("-winograd" if layout["winograd"] else "")
     return name
 
 
@@ -45,6 +66,9 @@ def of(config: dict[str, Any]) -> str:
         "quantize": {k: q.get(k) for k in STRUCTURAL_QUANTIZE} if q.get("enabled") else None,
         "pack": dict(p, vta=config.get("vta")) if p.get("enabled") else None,
     }
+    layout = _layout(config)
+    if layout:
+        identity["layout"] = layout
     return f"{label(config)}.{short(sha256_json(identity), 12)}"
 
 

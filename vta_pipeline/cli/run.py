@@ -76,6 +76,10 @@ def run(
              "flushed (weights and output flushed from the caches before each run, as inside a network) | auto "
              "(flushed on 64-bit x86 and Arm CPUs)")] = None,
     eval_repeat: Annotated[Optional[int], typer.Option(help="Timed repeats of the final evaluation.")] = None,
+    compare: Annotated[Optional[bool], typer.Option(
+        "--compare/--no-compare",
+        help="On a local board of a host CPU target, time ONNX Runtime fp32 in turn with the tuned build and "
+             "report ours / ORT (default: on).")] = None,
     store: StoreOpt = None,
     cache: Annotated[str, typer.Option(help="on | off | redo | readonly")] = "on",
     vta: VtaOpt = False,
@@ -136,7 +140,7 @@ def run(
             "tune.allocation": allocation, "tune.cost_model": cost_model, "tune.search": search,
             "tune.early_stopping": early_stopping, "tune.retime_caches": retime_caches,
             "tune.task_filter": task_filter, "measure.number": number, "measure.repeat": repeat,
-            "measure.timeout_s": timeout, "evaluate.repeat": eval_repeat, "store": store and str(store),
+            "measure.timeout_s": timeout, "evaluate.repeat": eval_repeat, "evaluate.compare": compare, "store": store and str(store),
             "tune.session": session, "tune.warm_start": warm_start,
             "tune.records_library": records_library, "guard.max_regression_pct": max_regression_pct,
             "guard.confirm_rounds": confirm_rounds,

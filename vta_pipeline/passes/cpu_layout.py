@@ -242,7 +242,7 @@ class CpuLayout(Rebuilder):
         src = self.blocked[first]
         if name in UNARY | BINARY | {"clip"}:
             return self._elementwise(call, op, src)
-        if name in POOLS:
+        if name in POOLS and str(call.attrs.layout) == "NCHW" and call.args[0].same_as(first):
             a, layout = call.attrs, packed_data_layout(1, src.block)
             f = relax.op.nn.max_pool2d if name == "nn.max_pool2d" else relax.op.nn.avg_pool2d
             y = f(src.expr, a.pool_size, a.strides, a.padding, a.dilation, bool(a.ceil_mode),
