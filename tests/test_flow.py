@@ -57,9 +57,10 @@ def test_flow_end_to_end_then_cached_then_partially_recomputed(prefect_harness, 
     assert _computed(store, t1) == []
     assert again["tuned"]["mean_ms"] == result["tuned"]["mean_ms"]
     # ...and Prefect shows every computing step of that run as Cached, each tuning task by
-    # name. The guard and the history append are never cached: they must see this run.
+    # name. The guard, the history append and the timing against ONNX Runtime are never
+    # cached: they must see this run (and its minutes).
     runs = _task_runs(state.state_details.flow_run_id)
-    after_eval = {"regression-guard", "record-history"}
+    after_eval = {"compare-runtime", "regression-guard", "record-history"}
     assert {r.state_name for r in runs if r.name.rsplit("-", 1)[0] not in after_eval} == {"Cached"}
     assert {r.name.rsplit("-", 1)[0] for r in runs if r.state_name != "Cached"} == after_eval
     assert {r.name for r in runs if r.name.startswith("tune-")} == {f"tune-{t['task']}" for t in result["tasks"]}
