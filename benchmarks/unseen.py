@@ -125,16 +125,18 @@ def table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
              f"allocation, no records library)", "",
              f"ISA: {' '.join(meta['isa'])}. {meta['date']}. Command: `{meta['command']}`", "",
              "| network | tasks | convs blocked | layout transforms | Winograd convs | trials | tuning + run, min "
-             "| ours ms | ORT fp32 ms | ours / ORT | output |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| ours ms | ORT fp32 ms | ours / ORT | output | commit, date |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        when = f"{r.get('commit', meta['commit'])}, {r.get('date', meta['date'])}"
         ratio = f"**{r['ratio']:.2f}x**" if r.get("ratio") else r.get("ort_absent") or "-"
         lines.append(f"| {r['network']} | {r['tasks']} | {r['blocked_convs']}/{r['convs']} | {r['layout_transforms']} "
                      f"| {r['winograd_convs']} | {r['trials']} | {r['wall_min']:.1f} | "
                      f"{r['in_turn_ours_ms'] or r['tuned_ms']:.3f} | "
-                     f"{r['in_turn_ort_ms']:.3f} | {ratio} | {'correct' if r['correct'] else 'WRONG'} |"
+                     f"{r['in_turn_ort_ms']:.3f} | {ratio} | {'correct' if r['correct'] else 'WRONG'} | {when} |"
                      if r.get("in_turn_ort_ms") else
                      f"| {r['network']} | {r['tasks']} | - | - | - | {r['trials']} | {r['wall_min']:.1f} | "
-                     f"{r['tuned_ms']:.3f} | - | {ratio} | {'correct' if r['correct'] else 'WRONG'} |")
+                     f"{r['tuned_ms']:.3f} | - | {ratio} | {'correct' if r['correct'] else 'WRONG'} | {when} |")
     ratios = [r["ratio"] for r in rows if r.get("ratio")]
     if ratios:
         gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
@@ -163,11 +165,17 @@ def main() -> None:
             "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(["python", *sys.argv])}
     previous = args.out / "unseen.json"
     rows = json.loads(previous.read_text())["rows"] if previous.exists() else []
+    if previous.exists():  # rows measured before this resume keep the commit and date they ran at
+        first = json.loads(previous.read_text())["meta"]
+        for r in rows:
+            r.setdefault("commit", first["commit"])
+            r.setdefault("date", first["date"])
     for name in [n for n in args.networks.split(",") if n]:
         if any(r["network"] == name for r in rows):  # a stopped run keeps what it measured
             continue
         print(f"{name}: tuning ...", flush=True)
         r = row(name, run_network(name, args.trials, args.store / name, args.threads, args.extra.split()))
+        r.update(commit=meta["commit"], date=time.strftime("%Y-%m-%d %H:%M"))
         rows.append(r)
         print(f"{name}: ours {r['in_turn_ours_ms']} ms, ORT {r['in_turn_ort_ms']} ms, ratio {r['ratio']}, "
               f"{r['wall_min']:.1f} min", flush=True)
