@@ -150,6 +150,26 @@ def test_squeeze_excitation_and_hardswish_run_blocked_and_clip_fuses_as_maximum_
     assert set(rep.nchw_ops) <= {"reshape"}  # only the classifier's flatten runs in NCHW
 
 
+def test_blocked_sigmoid_and_swish_are_vector_polynomials_not_libm_calls_and_plain_ones_stay_exact():
+    """A sigmoid's exp left to LLVM is a call to libm's expf per lane (x86 has no vector exp):
+    inside a conv's write-back every call spills the register tile. Blocked tensors take TOPI's
+    polynomial instead; a plain NCHW network (O0) keeps Relax's own lowering."""
+    from vta_pipeline.relax_pipeline import lower_for_tuning
+
+    mod, x, ref, _ = _network("mbconv")
+    blocked = lower_for_tuning(cpu_layout(mod)[0])
+    names = [gv.name_hint for gv in blocked.functions]
+    assert any("fast_sigmoid" in n for n in names) and not any("tir_sigmoid" in n for n in names)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
+    asm = tvm.compile(blocked, target=target).mod.imports[0].inspect_source("asm")
+    assert "expf" not in asm
+    vm = relax.VirtualMachine(tvm.compile(blocked, target=target), tvm.cpu())
+    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy().reshape(ref.shape), ref,
+                               rtol=1e-4, atol=1e-5)
+    plain = [gv.name_hint for gv in lower_for_tuning(mod).functions]
+    assert any("sigmoid" in n for n in plain) and not any("fast_" in n for n in plain)
+
+
 def test_a_channel_shuffle_runs_in_nchw_and_the_rest_stays_blocked():
     mod, *_ = _network("shuffle")
     _, rep = cpu_layout(mod)

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 STEP = "extract"
-VERSION = 5  # 3: layout-free weights (pre-packing); x86 dot-product convs. 4: structural workload keys.
-# 5: Winograd convs (graph pack's --winograd) read as packed_conv2d_winograd, with their conv's workload
+VERSION = 6  # 3: layout-free weights (pre-packing); x86 dot-product convs. 4: structural workload keys.
+# 5: Winograd convs (graph pack's --winograd) read as packed_conv2d_winograd, with their conv's workload.
+# 6: a blocked tensor's sigmoid, SiLU and tanh as vectorizable polynomials (`packed_ops.FAST_ACTIVATIONS`)
 
 WORKLOAD_FIELDS = (
     "batch", "height", "width", "in_filter", "out_filter",
