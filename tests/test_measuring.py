@@ -206,3 +206,26 @@ def test_a_flushed_retime_finds_a_kernels_weights_cold(board, host_target):
             fastest[caches].append(min(float(s) for s in res.run_secs))
     warm, flushed = min(fastest["warm"]), min(fastest["flushed"])
     assert flushed > 1.5 * warm, (warm, flushed)
+
+
+def test_engines_timed_in_turn_start_only_after_the_one_before_has_rested(board):
+    """A runtime's worker threads spin after its last kernel; an engine started at once would
+    share the cores with them (ONNX Runtime right after our build ran twice its latency)."""
+    import time
+
+    from vta_pipeline.evaluate import time_in_turn
+
+    calls: list[tuple[str, float, float]] = []
+
+    def engine(name):
+        def run() -> float:
+            t0 = time.monotonic()
+            calls.append((name, t0, time.monotonic()))
+            return 1.0
+        return run
+
+    ms = time_in_turn([], np.zeros(1, "float32"), "llvm", (board.host, board.port), board.key, 2,
+                      local=[engine("a"), engine("b")], settle_s=0.2)
+    assert ms == [[1.0, 1.0], [1.0, 1.0]]
+    assert [c[0] for c in calls] == ["b", "a", "a", "b", "b", "a"]  # round -1 (not counted), then in turn
+    assert all(later[1] - earlier[2] >= 0.19 for earlier, later in zip(calls, calls[1:]))

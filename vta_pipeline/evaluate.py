@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -178,6 +179,7 @@ def time_in_turn(
     min_repeat_ms: float = 50.0,
     session_timeout: int = 600,
     local: Sequence[Callable[[], float]] = (),
+    settle_s: float = 0.5,
 ) -> list[list[float]]:
     """Each library's latency (ms per run) in each of `rounds` rounds, all of them on one board
     session, one after the other in every round: the first library first in even rounds and
@@ -213,6 +215,7 @@ def time_in_turn(
         for r in range(-1, rounds):  # round -1 is not counted: each library's first full repeat runs cold
             order = range(len(engines)) if r % 2 == 0 else reversed(range(len(engines)))
             for i in order:
+                time.sleep(settle_s)  # the previous engine's spinning threads go to sleep
                 t = engines[i]()
                 if r >= 0:
                     ms[i].append(t)
