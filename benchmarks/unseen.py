@@ -164,9 +164,10 @@ def main() -> None:
             "commit": machine.source_commit(), "trials_per_task": args.trials, "extra": args.extra,
             "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(["python", *sys.argv])}
     previous = args.out / "unseen.json"
-    rows = json.loads(previous.read_text())["rows"] if previous.exists() else []
-    if previous.exists():  # rows measured before this resume keep the commit and date they ran at
-        first = json.loads(previous.read_text())["meta"]
+    saved = json.loads(previous.read_text()) if previous.exists() else {"rows": []}
+    rows = saved["rows"]
+    if "meta" in saved:  # rows measured before this resume keep the commit and date they ran at
+        first = saved["meta"]
         for r in rows:
             r.setdefault("commit", first["commit"])
             r.setdefault("date", first["date"])

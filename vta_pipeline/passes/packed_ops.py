@@ -34,10 +34,8 @@ Activations of blocked tensors (`NCHW1n{c}c`, 6-D): sigmoid, SiLU and tanh are l
 TOPI's polynomial `fast_exp` / `fast_tanh`. Relax's default lowering leaves `exp` to
 LLVM, which has no vector exp on x86 or ARM without a vector math library: each lane
 becomes a call to libm's `expf`, and inside a conv's write-back every call spills the
-register tile (efficientnet_b0's swish convs ran 2-9x the conv alone). The polynomial
-vectorizes with the tile. The difference from libm is within float32 rounding for
-`fast_exp` (TOPI's range reduction and degree-5 polynomial) and `fast_tanh` (a rational
-approximation clamped at +-9); plain 4-D tensors keep Relax's exact lowering.
+register tile (measured in docs/performance.md). The polynomial vectorizes with the tile,
+within float32 rounding of libm's result; plain 4-D tensors keep Relax's exact lowering.
 """
 
 from __future__ import annotations
@@ -45,6 +43,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import tvm
 from tvm import relax, te, topi
 
 from .graph import shape_of
@@ -243,20 +242,17 @@ def fast_silu(x: te.Tensor) -> te.Tensor:
     return te.compute(x.shape, lambda *i: x(*i) * s(*i), name="fast_silu", tag="elemwise")
 
 
-FAST_ACTIVATIONS = {"relax.sigmoid": (fast_sigmoid, "sigmoid"), "relax.nn.silu": (fast_silu, "silu"),
-                    "relax.tanh": (topi.fast_tanh, "tanh")}
+FAST_ACTIVATIONS = {"relax.sigmoid": fast_sigmoid, "relax.nn.silu": fast_silu, "relax.tanh": topi.fast_tanh}
 
 
 def _legalize_activation(op_name: str) -> Any:
-    fast, name = FAST_ACTIVATIONS[op_name]
+    fast = FAST_ACTIVATIONS[op_name]
 
     def legalize(bb: relax.BlockBuilder, call: relax.Call) -> Any:
         shape = shape_of(call.args[0])
         if shape is None or len(shape) != 6 or str(call.args[0].ty.dtype) != "float32":
-            import tvm
-
             return tvm.ir.Op.get(op_name).get_attr("FLegalize")(bb, call)  # Relax's own
-        return bb.call_te(fast, call.args[0], primfunc_name_hint=f"fast_{name}")
+        return bb.call_te(fast, call.args[0], primfunc_name_hint=fast.__name__)
 
     return legalize
 
