@@ -3,7 +3,7 @@
 Same machine, same thread count, batch 1, random weights (fixed seed). For each model:
 PyTorch eager fp32 (inference mode), ONNX Runtime fp32 (CPU provider), ONNX Runtime int8
 (static QDQ, uint8 activations x int8 weights per channel, calibrated on random data; its
-quantizer runs in its own pinned environment, see ort_quantize_requirements.txt); and TVM
+quantizer runs in its own pinned environment, see vta_pipeline/tools/ort_quantize_requirements.txt); and TVM
 built by our pipeline (`vta-pipeline run`, one network after the other in this process as
 the nightly flow tunes them, on the local RPC board on this CPU): untuned,
 tuned fp32, tuned int8 in the x86 dot-product layout (`--pack-layout x86`) and in VTA's
@@ -206,17 +206,13 @@ def torch_model(name: str, seed: int):
     return getattr(torchvision.models, name)(weights=None).eval()
 
 
-def ort_quantize(src: Path, dst: Path, shape, seed: int) -> None:
-    """ORT's static U8S8 QDQ quantizer, in its own pinned environment (it needs a newer onnx
-    than the project's pin; see ort_quantize_requirements.txt)."""
-    here = Path(__file__).resolve().parent
-    cmd = ["uv", "run", "--no-project", "--python", f"{sys.version_info.major}.{sys.version_info.minor}",
-           "--with-requirements", str(here / "ort_quantize_requirements.txt"), "python",
-           str(here / "ort_quantize.py"), str(src), str(dst), "--input", "data",
-           "--shape", ",".join(str(d) for d in shape), "--seed", str(seed)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"ORT quantization failed ({' '.join(cmd)}):\n{done.stderr[-3000:]}")
+def ort_quantize(src: Path, dst: Path, shape, seed: int, batches: int = 8) -> None:
+    """ORT's static U8S8 QDQ quantizer (`baseline.quantize_qdq`, in its own pinned environment:
+    it needs a newer onnx than the project's pin), calibrated on seeded random batches."""
+    from vta_pipeline.baseline import quantize_qdq
+
+    rng = np.random.default_rng(seed)
+    quantize_qdq(src, dst, [rng.standard_normal(tuple(shape)).astype("float32") for _ in range(batches)])
 
 
 class References:

@@ -162,8 +162,9 @@ class EvalConfig(_Strict):
     rtol: float = Field(1e-3, gt=0, description="Relative tolerance of the output check.")
     atol: float = Field(1e-3, gt=0, description="Absolute tolerance of the output check.")
     compare: bool = Field(
-        True, description="On a local board of a host CPU target, time ONNX Runtime fp32 on the same model and "
-                          "cores in turn with the tuned build, and report ours / ORT (vta_pipeline.baseline).")
+        True, description="On a local board of a host CPU target, time ONNX Runtime fp32 (and, for an int8 run, "
+                          "ORT's own int8 U8S8 QDQ) on the same model and cores in turn with the tuned build, and "
+                          "report ours / ORT (vta_pipeline.baseline).")
     compare_rounds: int = Field(7, gt=0, description="Rounds of that timing in turn (medians of the rounds).")
 
 

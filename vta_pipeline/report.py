@@ -87,10 +87,16 @@ def latency_rows(result: dict[str, Any]) -> list[list[str]]:
             str(e.get("threads") or "-"),
         ])
     b = result.get("baseline") or {}
-    if b.get("ort_ms"):  # timed in turn with the tuned build: the medians of those rounds
-        rows.append([f"{b['engine']} (in turn)", "-", "-", f"{b['ort_ms']:.3f}",
-                     f"{result['untuned']['mean_ms'] / b['ort_ms']:.2f}x",
-                     "yes" if b.get("ort_output_matches") else "differs", str(b.get("threads") or "-")])
+    for row in ([b["fp32"]] if b.get("fp32") else []) + [b]:  # timed in turn with the tuned build: medians
+        if not row.get("ort_ms"):
+            continue
+        if "ort_vs_float" in row:  # ORT's int8: as close to the float model as an int8 build is
+            agree = row["ort_vs_float"]
+            ok = f"cosine {agree['cosine']:.4f} to float"
+        else:
+            ok = "yes" if row.get("ort_output_matches") else "differs"
+        rows.append([f"{row['engine']} (in turn)", "-", "-", f"{row['ort_ms']:.3f}",
+                     f"{result['untuned']['mean_ms'] / row['ort_ms']:.2f}x", ok, str(b.get("threads") or "-")])
     return rows
 
 
@@ -102,9 +108,13 @@ def baseline_line(result: dict[str, Any]) -> str | None:
     if b.get("absent"):
         return f"no {b['engine']} row: {b['absent']}"
     verdict = "faster than" if b["ratio"] < 1 else "slower than"
-    int8 = " (this run is int8; ORT's int8 QDQ is timed by benchmarks/compare.py)" if b.get("int8_run") else ""
-    return (f"in turn with {b['engine']} ({b['rounds']} rounds, {b['threads']} threads): tuned {b['ours_ms']:.3f} ms, "
-            f"ORT {b['ort_ms']:.3f} ms: {b['ratio']:.2f}x, {verdict} ONNX Runtime{int8}")
+    line = (f"in turn with {b['engine']} ({b['rounds']} rounds, {b['threads']} threads): tuned {b['ours_ms']:.3f} ms, "
+            f"ORT {b['ort_ms']:.3f} ms: {b['ratio']:.2f}x, {verdict} it")
+    if b.get("fp32"):
+        line += f"; {b['fp32']['ratio']:.2f}x {b['fp32']['engine']}"
+    if b.get("int8_absent"):
+        line += f" (this run is int8; no ORT int8 row: {b['int8_absent']})"
+    return line
 
 
 LATENCY_HEADER = ["build", "mean ms", "std ms", "median ms", "speed-up", "output correct", "board threads"]

@@ -418,22 +418,33 @@ def evaluate_step(store: ArtifactStore, built: Artifact, fetched: Artifact, targ
 # ---- after the evaluation ----------------------------------------------------------------------
 def compare_runtime(cfg: PipelineConfig, target: ResolvedTarget, built: Artifact, fetched: Artifact,
                     tracker: tuple[str, int], board_key: str, threads: int | None) -> dict[str, Any]:
-    """The tuned build timed in turn with ONNX Runtime fp32 (`baseline`), or why not."""
+    """The tuned build timed in turn with ONNX Runtime fp32, and for an int8 run with ORT's own
+    int8 (`baseline`), or why not."""
     import tempfile
 
     from . import baseline
 
     why = baseline.absent_reason(cfg, target)
     if why is not None:
-        return {"engine": baseline.ENGINE, "absent": why}
+        return {"engine": baseline.INT8_ENGINE if cfg.quantize.enabled else baseline.ENGINE, "absent": why}
     x, y = importers.load_reference(fetched.path)
     with tempfile.TemporaryDirectory() as work:
         onnx_path = baseline.onnx_model(cfg, fetched.path, Path(work))
+        int8_onnx, int8_absent = None, None
+        if cfg.quantize.enabled:
+            try:
+                int8_onnx = baseline.quantize_qdq(onnx_path, Path(work) / "model.qdq.onnx", quantize_mod.calibration_inputs(
+                    cfg.quantize, tuple(x.shape), cfg.model.seed))
+            except baseline.QuantizerUnavailable as e:
+                int8_absent = str(e)
         out = baseline.compare(built.file(build_mod.LIB), onnx_path, x, y, tracker, board_key,
                                threads or target.cpu_threads or 1, cfg.evaluate.compare_rounds,
-                               cfg.evaluate.min_repeat_ms)
-    return {**out, "int8_run": cfg.quantize.enabled}
-
+                               cfg.evaluate.min_repeat_ms, int8_onnx=int8_onnx,
+                               float_reference=importers.load_float_reference(fetched.path))
+    out["int8_run"] = cfg.quantize.enabled
+    if int8_absent:
+        out["int8_absent"] = int8_absent
+    return out
 
 
 def regression_verdict(store: ArtifactStore, result: dict[str, Any], cfg: GuardConfig, target: ResolvedTarget,
