@@ -113,11 +113,17 @@ def test_top_candidates_retimed_quietly_agree_with_their_tuning_latency(session_
     # tuning with a re-time a minute later instead failed landing CI runs on this shared host's
     # drift alone (medians 1.44, 1.19 twice in a row, 0.75), so those are held to 2x each: a
     # number that is not the candidate's (another candidate's, a failed run's) is further off.
-    # A pair out of the band is measured again, from a fresh tuning, up to three times in all
-    # (a CI run of 6b874fc saw 1.12 twice in a row: the runner's rounds 1.0-1.29x the quiet ones).
+    # A tuning whose numbers miss either band is measured again, from a fresh tuning, up to three
+    # times in all (a CI run of 6b874fc saw the median at 1.12 twice in a row: the runner's rounds
+    # 1.0-1.29x the quiet ones; one of 7ab9803 recorded a candidate at 2.06x while tuning, its
+    # runner re-time 1.13x: the host was busy in that round, not the number someone else's).
+    def agrees(timed):
+        return (0.9 <= statistics.median(r / q for _, r, q in timed) <= 1.1
+                and all(1 / 2 <= t / q <= 2 for t, _, q in timed))
+
     for attempt in range(3):
         timed = _tuning_vs_quiet(extracted, task, host_target, measure, tmp_path / f"attempt{attempt}")
-        if 0.9 <= statistics.median(r / q for _, r, q in timed) <= 1.1:
+        if agrees(timed):
             break
     shown = [tuple(round(x * 1e6, 1) for x in t) for t in timed]  # microseconds: recorded, runner, quiet
     print("recorded, runner, quiet (us):", shown)

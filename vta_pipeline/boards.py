@@ -46,9 +46,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
+    """Whether something listens at host:port.
+
+    A connect to a closed loopback port in the ephemeral range can pick that same port as its
+    own source and connect to itself (TCP simultaneous open): that is no listener, and taking
+    it for one would call a dead tracker up.
+    """
     try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            return s.getsockname() != s.getpeername()
     except OSError:
         return False
 
