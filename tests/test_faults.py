@@ -188,6 +188,36 @@ def test_corrupted_record_lines_are_set_aside_and_valid_records_kept(micronet, h
     assert again.valid == 4 and again.trials_this_run == 0
 
 
+def test_a_trial_log_torn_at_its_last_line_is_repaired_before_the_rerun_appends(micronet, host_target, board,
+                                                                                tmp_path):
+    """What a power cut or a full disk leaves: the last row cut short. Glued onto, it would
+    swallow the rerun's first row; moved aside, every row after it is whole."""
+    _, extracted = micronet
+    task = _conv(extracted)
+    work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
+    args = _tune_args(extracted, task, host_target, board)
+    tune_task(*args, TuneConfig(trials_per_task=4, trials_per_batch=4), FAST, work)
+    log = work / "trials.jsonl"
+    whole = log.read_bytes()
+    before = read_trials(work)
+    log.write_bytes(whole[:-40])  # the last row loses its end and its newline
+    again = tune_task(*args, TuneConfig(trials_per_task=6, trials_per_batch=2), FAST, work)
+    lines = log.read_text().splitlines()
+    after = [json.loads(line) for line in lines]  # every line parses
+    assert after[:3] == before[:3] and again.trials_this_run >= 1
+    assert [r["trial"] for r in after] == list(range(len(after)))  # no index used twice
+    assert (work / "trials.jsonl.torn").read_bytes() == whole[:-40][whole[:-41].rfind(b"\n") + 1:] + b"\n"
+
+
+def test_a_whole_last_row_that_lost_only_its_newline_is_kept(tmp_path):
+    from vta_pipeline.trial_log import append_trials
+
+    (tmp_path / "trials.jsonl").write_text('{"trial": 0}\n{"trial": 1}')
+    append_trials(tmp_path, [{"trial": 2}])
+    assert [r["trial"] for r in read_trials(tmp_path)] == [0, 1, 2]
+    assert not (tmp_path / "trials.jsonl.torn").exists()
+
+
 # ---- 2. every board dies: retries, a clear failure, and the rerun continues ----------------------
 def _cfg(store, tracker, key, trials=4, batch=2):
     return build_config(None, {
