@@ -218,6 +218,56 @@ def test_a_whole_last_row_that_lost_only_its_newline_is_kept(tmp_path):
     assert not (tmp_path / "trials.jsonl.torn").exists()
 
 
+def _tiny_relax_lib(path: Path) -> Path:
+    """A one-conv network built for the host, as the flow's build step writes one."""
+    import onnx
+    import torch
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    onnx_path = path.with_suffix(".onnx")
+    torch.onnx.export(torch.nn.Conv2d(4, 8, 3).eval(), (torch.randn(1, 4, 8, 8),), str(onnx_path),
+                      input_names=["data"], opset_version=17, dynamo=False)
+    mod = from_onnx(onnx.load(str(onnx_path)), shape_dict={"data": [1, 4, 8, 8]})
+    relax.build(mod, tvm.target.Target({"kind": "llvm"})).export_library(str(path))
+    return path
+
+
+def test_a_board_whose_timer_reports_zero_is_refused_while_tuning_and_while_evaluating(micronet, host_target,
+                                                                                     tmp_path, monkeypatch):
+    """Its 0 s would win every comparison and divide by zero in the report: every one of its
+    measurements is an error that says why, the task stops as a broken setup does, no record
+    reaches the database, and the evaluation fails with the same reason."""
+    import numpy as np
+
+    from vta_pipeline.evaluate import evaluate_on_board, time_in_turn
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    _, extracted = micronet
+    task = _conv(extracted)
+    work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
+    lib = _tiny_relax_lib(tmp_path / "net.so")
+    x = np.zeros((1, 4, 8, 8), "float32")
+    with LocalBoard(key="liar", server_module="lying_board", registry=tmp_path / "registry",
+                    log_dir=tmp_path / "logs") as b:
+        with pytest.raises(BoardError, match="timer is broken"):  # the flow's check before tuning
+            health_check(b.host, b.port, b.key, host_target.target_json)
+        with pytest.raises(TuningAborted) as e:
+            tune_task(*_tune_args(extracted, task, host_target, b, 1),
+                      TuneConfig(trials_per_task=16, trials_per_batch=4), FAST, work)
+        assert "timer is broken" in str(e.value) and "'liar'" in str(e.value)
+        rows = read_trials(work)
+        assert rows and all(r["latency_ms"] is None and "timer is broken" in r["error"] for r in rows)
+        records = [json.loads(line)[1] for line in (work / "database_tuning_record.json").read_text().splitlines()]
+        assert records and all(min(r[1]) >= 1e9 for r in records)  # MetaSchedule's mark of a failed run, no 0 s
+        with pytest.raises(BoardError, match="timer is broken"):
+            evaluate_on_board(lib, (x, np.zeros((1, 8, 6, 6), "float32")), "llvm", (b.host, b.port), b.key, 1, 3,
+                              1e-3, 1e-3, min_repeat_ms=10)
+        with pytest.raises(BoardError, match="timer is broken"):
+            time_in_turn([lib], x, "llvm", (b.host, b.port), b.key, 2, local=[lambda: 1.0], settle_s=0)
+
+
 # ---- 2. every board dies: retries, a clear failure, and the rerun continues ----------------------
 def _cfg(store, tracker, key, trials=4, batch=2):
     return build_config(None, {

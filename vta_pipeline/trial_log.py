@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -140,6 +141,24 @@ def mean_secs(run_secs) -> float:
     """The mean of a measurement's repeats (TVM FloatImms or floats), FAILED when there are none."""
     vals = _secs(run_secs)
     return sum(vals) / len(vals) if vals else FAILED
+
+
+# No board calls a kernel and returns in under 1 ns (the packed call alone takes more); a
+# tiny injective kernel can take well under a microsecond, so the floor is not higher.
+MIN_PLAUSIBLE_S = 1e-9
+
+
+def implausible(run_secs) -> str | None:
+    """Why a board's reported times cannot be true (zero, negative, not finite, or faster than
+    any board runs a kernel), or None. A lying timer's 0 s would win every comparison, become
+    the task's best record, and divide by zero in the report."""
+    vals = _secs(run_secs)
+    bad = [v for v in vals if not math.isfinite(v) or v < MIN_PLAUSIBLE_S]
+    if not vals or not bad:
+        return None
+    return (f"the board reported {bad[0]!r} s for a run ({len(bad)} of {len(vals)} repeats), below "
+            f"{MIN_PLAUSIBLE_S * 1e9:.0f} ns: its timer is broken or it did not run the code. Take that board "
+            "off the tracker and check its TVM runtime (python -m tvm.exec.rpc_server on a known-good build)")
 
 
 def fastest_secs(run_secs) -> float:
