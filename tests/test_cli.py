@@ -49,10 +49,14 @@ def _with(tool: str):
         (["run", "--session", "../../etc"], "tune.session"),
         (["run", "--warm-start", "-1"], "tune.warm_start"),
         (["history", "nights", "--store", "/nonexistent-store"], "no history in /nonexistent-store"),
+        (["run", "--onnx-path", "/tmp/m.onnx"], "add --source onnx"),
+        (["run", "--key", "a/b"], "no '/', no spaces"),
+        (["run", "--key", "my board"], "board key 'my board'"),
+        (["board", "up", "--key", "a/b"], "no '/', no spaces"),
     ],
 )
 def test_user_errors(args, needle, tmp_path):
-    if "--store" not in args and args[0] not in ("report", "history"):
+    if "--store" not in args and args[0] not in ("report", "history", "board"):
         args = [*args, "--store", str(tmp_path / "s")]
     r = runner.invoke(app, args)
     assert r.exit_code == 2, r.output

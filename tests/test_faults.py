@@ -204,6 +204,86 @@ def test_corrupted_record_lines_are_set_aside_and_valid_records_kept(micronet, h
     assert again.valid == 4 and again.trials_this_run == 0
 
 
+def test_a_trial_log_torn_at_its_last_line_is_repaired_before_the_rerun_appends(micronet, host_target, board,
+                                                                                tmp_path):
+    """What a power cut or a full disk leaves: the last row cut short. Glued onto, it would
+    swallow the rerun's first row; moved aside, every row after it is whole."""
+    _, extracted = micronet
+    task = _conv(extracted)
+    work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
+    args = _tune_args(extracted, task, host_target, board)
+    tune_task(*args, TuneConfig(trials_per_task=4, trials_per_batch=4), FAST, work)
+    log = work / "trials.jsonl"
+    whole = log.read_bytes()
+    before = read_trials(work)
+    log.write_bytes(whole[:-40])  # the last row loses its end and its newline
+    again = tune_task(*args, TuneConfig(trials_per_task=6, trials_per_batch=2), FAST, work)
+    lines = log.read_text().splitlines()
+    after = [json.loads(line) for line in lines]  # every line parses
+    assert after[:3] == before[:3] and again.trials_this_run >= 1
+    assert [r["trial"] for r in after] == list(range(len(after)))  # no index used twice
+    assert (work / "trials.jsonl.torn").read_bytes() == whole[:-40][whole[:-41].rfind(b"\n") + 1:] + b"\n"
+
+
+def test_a_whole_last_row_that_lost_only_its_newline_is_kept(tmp_path):
+    from vta_pipeline.trial_log import append_trials
+
+    (tmp_path / "trials.jsonl").write_text('{"trial": 0}\n{"trial": 1}')
+    append_trials(tmp_path, [{"trial": 2}])
+    assert [r["trial"] for r in read_trials(tmp_path)] == [0, 1, 2]
+    assert not (tmp_path / "trials.jsonl.torn").exists()
+
+
+def _tiny_relax_lib(path: Path) -> Path:
+    """A one-conv network built for the host, as the flow's build step writes one."""
+    import onnx
+    import torch
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    onnx_path = path.with_suffix(".onnx")
+    torch.onnx.export(torch.nn.Conv2d(4, 8, 3).eval(), (torch.randn(1, 4, 8, 8),), str(onnx_path),
+                      input_names=["data"], opset_version=17, dynamo=False)
+    mod = from_onnx(onnx.load(str(onnx_path)), shape_dict={"data": [1, 4, 8, 8]})
+    relax.build(mod, tvm.target.Target({"kind": "llvm"})).export_library(str(path))
+    return path
+
+
+def test_a_board_whose_timer_reports_zero_is_refused_while_tuning_and_while_evaluating(micronet, host_target,
+                                                                                     tmp_path, monkeypatch):
+    """Its 0 s would win every comparison and divide by zero in the report: every one of its
+    measurements is an error that says why, the task stops as a broken setup does, no record
+    reaches the database, and the evaluation fails with the same reason."""
+    import numpy as np
+
+    from vta_pipeline.evaluate import evaluate_on_board, time_in_turn
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    _, extracted = micronet
+    task = _conv(extracted)
+    work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
+    lib = _tiny_relax_lib(tmp_path / "net.so")
+    x = np.zeros((1, 4, 8, 8), "float32")
+    with LocalBoard(key="liar", server_module="lying_board", registry=tmp_path / "registry",
+                    log_dir=tmp_path / "logs") as b:
+        with pytest.raises(BoardError, match="timer is broken"):  # the flow's check before tuning
+            health_check(b.host, b.port, b.key, host_target.target_json)
+        with pytest.raises(TuningAborted) as e:
+            tune_task(*_tune_args(extracted, task, host_target, b, 1),
+                      TuneConfig(trials_per_task=16, trials_per_batch=4), FAST, work)
+        assert "timer is broken" in str(e.value) and "'liar'" in str(e.value)
+        rows = read_trials(work)
+        assert rows and all(r["latency_ms"] is None and "timer is broken" in r["error"] for r in rows)
+        records = [json.loads(line)[1] for line in (work / "database_tuning_record.json").read_text().splitlines()]
+        assert records and all(min(r[1]) >= 1e9 for r in records)  # MetaSchedule's mark of a failed run, no 0 s
+        with pytest.raises(BoardError, match="timer is broken"):
+            evaluate_on_board(lib, (x, np.zeros((1, 8, 6, 6), "float32")), "llvm", (b.host, b.port), b.key, 1, 3,
+                              1e-3, 1e-3, min_repeat_ms=10)
+        with pytest.raises(BoardError, match="timer is broken"):
+            time_in_turn([lib], x, "llvm", (b.host, b.port), b.key, 2, local=[lambda: 1.0], settle_s=0)
+
+
 # ---- 2. every board dies: retries, a clear failure, and the rerun continues ----------------------
 def _cfg(store, tracker, key, trials=4, batch=2):
     return build_config(None, {

@@ -263,3 +263,25 @@ def test_a_reader_never_sees_a_history_part_before_it_is_whole(tmp_path, monkeyp
     assert seen_while_writing == [0]  # written, not yet published
     assert history.read(tmp_path, history.EVALUATIONS).column("run_id").to_pylist() == ["r1"]
     assert not list(history.history_dir(tmp_path).glob(".staging-*"))  # nothing left beside it
+
+
+def test_a_zero_byte_or_torn_history_part_is_quarantined_with_a_warning_and_the_rest_is_read(tmp_path, caplog):
+    """What a power cut leaves when a part's rename reached the disk before its data."""
+    schema = history.EVALUATION_SCHEMA
+    for run, night in (("r1", "2026-11-29"), ("r2", "2026-11-30")):
+        row = {"run_id": run, "night": night, "evaluation_id": run}
+        history._append(tmp_path, history.EVALUATIONS, schema, "evaluation_id", [{f.name: row.get(f.name) for f in schema}])
+    base = history.history_dir(tmp_path) / history.EVALUATIONS
+    empty = base / "night=2026-11-30" / "part-0-empty-0.parquet"
+    empty.write_bytes(b"")
+    torn = base / "night=2026-11-29" / "part-0-torn-0.parquet"
+    torn.write_bytes(next((base / "night=2026-11-29").glob("part-*")).read_bytes()[:40])
+    with caplog.at_level("WARNING", logger="vta_pipeline.history"):
+        got = history.read(tmp_path, history.EVALUATIONS)
+    assert sorted(got.column("run_id").to_pylist()) == ["r1", "r2"]
+    assert not empty.exists() and not torn.exists()
+    quarantined = sorted(p.name for p in (history.history_dir(tmp_path) / "quarantine").rglob("*.parquet"))
+    assert quarantined == [empty.name, torn.name]
+    assert sum("does not open" in r.message for r in caplog.records) == 2
+    assert history.read(tmp_path, history.EVALUATIONS).num_rows == 2  # and no second warning
+    assert sum("does not open" in r.message for r in caplog.records) == 2

@@ -559,6 +559,11 @@ def health_check(host: str, port: int, key: str, target_spec: dict[str, Any], ti
     if not ok:
         raise BoardError(f"health check: a board under key {key!r} at the tracker {host}:{port} computed a wrong "
                          "result for y = x + 1")
+    from .trial_log import implausible
+
+    why = implausible([ms / 1e3])
+    if why:
+        raise BoardError(f"health check: a board under key {key!r} at the tracker {host}:{port}: {why}")
     return float(ms)
 
 

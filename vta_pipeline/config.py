@@ -9,6 +9,7 @@ types are rejected with the offending key named.
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -17,6 +18,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import ConfigError
 from .vta_config import VTAConfig
+
+BOARD_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
+
+
+def board_key_problem(key: str) -> str | None:
+    """What is wrong with a board key, or None. A key names the board's logs and work dirs, so
+    a '/' would make it a path."""
+    if BOARD_KEY.fullmatch(key):
+        return None
+    return (f"board key {key!r} is not a key: use letters, digits, '.', '_', '-' or ':' (no '/', no spaces), "
+            "as the boards register it (e.g. pynq, rk3399, host)")
 
 
 class _Strict(BaseModel):
@@ -47,6 +59,9 @@ class ModelConfig(_Strict):
     def _onnx_path(self):
         if self.source == "onnx" and self.path is None:
             raise ValueError("source 'onnx' needs a path: pass --onnx-path FILE.onnx")
+        if self.source != "onnx" and self.path is not None:  # it would tune the built-in model instead
+            raise ValueError(f"an ONNX file ({self.path}) is read only with source 'onnx', and the source is "
+                             f"{self.source!r}: add --source onnx (model.source = \"onnx\"), or drop --onnx-path")
         return self
 
     @property
@@ -295,6 +310,14 @@ class BoardConfig(_Strict):
     def _tracker(cls, v):
         if v is not None:
             parse_hostport(v)
+        return v
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, v):
+        problem = board_key_problem(v)
+        if problem:
+            raise ValueError(problem)
         return v
 
     def address(self) -> tuple[str, int] | None:

@@ -23,6 +23,7 @@ from .errors import BoardError
 STEP = "evaluate"
 VERSION = 3  # 2: repeats within a time budget; 3: runs per repeat from min_repeat_ms, the board's threads
 MIN_REPEAT = 3
+MAX_NUMBER = 100_000  # runs per repeat, whatever a (lying) first run's time asks for
 
 
 @dataclass
@@ -58,11 +59,20 @@ def plan_timing(number: int, repeat: int, min_repeat_ms: float, max_seconds: flo
     2 s per inference), never fewer than MIN_REPEAT.
     """
     per_run_s = max(float(per_run_s), 1e-9)
-    number = max(number, math.ceil(min_repeat_ms / 1e3 / per_run_s))
+    number = max(number, min(MAX_NUMBER, math.ceil(min_repeat_ms / 1e3 / per_run_s)))
     if max_seconds is None or repeat <= MIN_REPEAT:
         return number, repeat
     fit = int(max_seconds / (per_run_s * number))
     return number, max(MIN_REPEAT, min(repeat, fit))
+
+
+def _believable(secs, key: str, what: str) -> None:
+    """A BoardError where a board's timer reports what cannot be true (`trial_log.implausible`)."""
+    from .trial_log import implausible
+
+    why = implausible(secs if isinstance(secs, (list, tuple)) else [secs])
+    if why:
+        raise BoardError(f"timing {what} on a {key!r} board: {why}")
 
 
 def _device(remote, kind: str):
@@ -133,9 +143,11 @@ def evaluate_on_board(
             number, reps = 1, [split.total_ms]
         else:
             per_run_s = vm.time_evaluator("main", dev, number=1, repeat=1)(xd).mean  # warm, and sized
+            _believable(per_run_s, key, Path(lib_path).name)
             number, repeat = plan_timing(number, repeat, min_repeat_ms, max_seconds, per_run_s)
             timer = vm.time_evaluator("main", dev, number=number, repeat=repeat)
             res = timer(xd)
+            _believable(list(res.results), key, Path(lib_path).name)
             reps = [float(r) * 1e3 for r in res.results]
         threads = remote_threads(remote) if target_kind == "llvm" else None
     except BoardError:
@@ -208,9 +220,16 @@ def time_in_turn(
             vm = relax.VirtualMachine(remote.load_module(name), dev)
             xd = tvm.runtime.tensor(x, dev)
             per_run_s = vm.time_evaluator("main", dev, number=1, repeat=1)(xd).mean
+            _believable(per_run_s, key, Path(lib_path).name)
             number, _ = plan_timing(1, 1, min_repeat_ms, None, per_run_s)
-            timers.append((vm.time_evaluator("main", dev, number=number, repeat=1), xd))
-        engines = [lambda t=t, xd=xd: float(t(xd).mean) * 1e3 for t, xd in timers] + list(local)
+            timers.append((vm.time_evaluator("main", dev, number=number, repeat=1), xd, Path(lib_path).name))
+
+        def board_ms(t, xd, name) -> float:
+            secs = float(t(xd).mean)
+            _believable(secs, key, name)
+            return secs * 1e3
+
+        engines = [lambda t=t, xd=xd, n=n: board_ms(t, xd, n) for t, xd, n in timers] + list(local)
         ms: list[list[float]] = [[] for _ in engines]
         for r in range(-1, rounds):  # round -1 is not counted: each library's first full repeat runs cold
             order = range(len(engines)) if r % 2 == 0 else reversed(range(len(engines)))
@@ -219,6 +238,8 @@ def time_in_turn(
                 t = engines[i]()
                 if r >= 0:
                     ms[i].append(t)
+    except BoardError:
+        raise
     except Exception as e:
         raise BoardError(f"timing {', '.join(Path(p).name for p in libs)} in turn on a {key!r} board failed: {e}") from None
     return ms

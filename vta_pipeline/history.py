@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import time
@@ -31,9 +32,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 from filelock import FileLock
 
 from . import variant, workload_keys
+from .trial_log import fsync_dir
 
 MEASUREMENTS = "measurements"
 EVALUATIONS = "evaluations"
@@ -87,11 +90,43 @@ def history_dir(store_root: Path) -> Path:
     return Path(store_root) / "history"
 
 
+_log = logging.getLogger(__name__)
+QUARANTINE = "quarantine"
+
+
+def _whole_parts(store_root: Path, name: str) -> list[Path]:
+    """The dataset's Parquet parts that open, after moving any that do not (0 bytes, or torn:
+    a rename that reached the disk before its data did, on a power cut) to
+    history/quarantine/, with one warning each: the rest of the history stays readable."""
+    base = history_dir(store_root) / name
+    good = []
+    for part in sorted(base.rglob("*.parquet")):
+        try:
+            pq.read_metadata(part)
+        except (OSError, pa.ArrowException) as e:
+            dest = history_dir(store_root) / QUARANTINE / name / part.relative_to(base)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.replace(part, dest)
+            except FileNotFoundError:  # another reader moved it first
+                continue
+            _log.warning("history part %s does not open (%s): moved to %s; the other parts are read. Its "
+                         "measurement rows come back with the next run over the same tuning tasks (they are "
+                         "keyed by content, and the trial logs keep them); evaluation rows in it are lost",
+                         part, str(e).splitlines()[0], dest)
+            continue
+        good.append(part)
+    return good
+
+
 def _dataset(store_root: Path, name: str, schema: pa.Schema) -> ds.Dataset | None:
     base = history_dir(store_root) / name
-    if not base.exists() or not any(base.rglob("*.parquet")):
+    if not base.exists():
         return None
-    return ds.dataset(base, format="parquet", schema=schema,
+    parts = _whole_parts(store_root, name)
+    if not parts:
+        return None
+    return ds.dataset([str(p) for p in parts], format="parquet", schema=schema, partition_base_dir=str(base),
                       partitioning=ds.partitioning(pa.schema([("night", pa.string())]), flavor="hive"))
 
 
@@ -131,9 +166,12 @@ def _append(store_root: Path, name: str, schema: pa.Schema, id_col: str, rows: l
                 basename_template=f"part-{int(time.time())}-{uuid.uuid4().hex[:8]}-{{i}}.parquet",
             )
             for part in sorted(staging.rglob("*.parquet")):
+                with open(part, "rb") as f:  # the data on disk before the name: a power cut
+                    os.fsync(f.fileno())     # must not leave a renamed part without its bytes
                 dest = base / part.relative_to(staging)
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(part, dest)
+                fsync_dir(dest.parent)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return len(fresh)

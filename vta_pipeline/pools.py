@@ -172,7 +172,43 @@ def make_runner(board: BoardSpec, measure: MeasureConfig):
     )
     runner.pool.shutdown()
     runner.pool = PopenPoolExecutor(max_workers=workers, timeout=measure.timeout_s + WORKER_GRACE_S)
-    return runner
+    return _checked(runner, board.key)
+
+
+def _checked(inner, key: str):
+    """`inner` (a MetaSchedule runner) whose results are refused where the board's times cannot
+    be true (`trial_log.implausible`): each such measurement becomes an error, so no 0 s
+    record reaches the database, the cost model or the best pick, and a board that always lies
+    stops the task as any broken setup does, with the reason."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerResult
+
+    from .trial_log import implausible
+
+    @derived_object
+    class CheckedFuture(PyRunnerFuture):
+        def __init__(self, future) -> None:
+            super().__init__()
+            self.future = future
+
+        def done(self) -> bool:
+            return self.future.done()
+
+        def result(self) -> RunnerResult:
+            r = self.future.result()
+            why = implausible(r.run_secs) if r.error_msg is None else None
+            return r if why is None else RunnerResult(None, error_msg=f"board under key {key!r}: {why}")
+
+    @derived_object
+    class CheckedRunner(PyRunner):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pool = inner.pool  # shut down with the runner's lease
+
+        def run(self, runner_inputs):
+            return [CheckedFuture(f) for f in inner.run(runner_inputs)]
+
+    return CheckedRunner()
 
 
 def runner_device(target) -> str:

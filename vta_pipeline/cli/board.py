@@ -35,7 +35,10 @@ def board_up(
 ):
     """Start a tracker and N servers in the background; `board down` stops them."""
     from vta_pipeline.boards import LocalBoard
+    from vta_pipeline.config import board_key_problem
 
+    if key is not None and board_key_problem(key):
+        _fail(board_key_problem(key))
     if BOARD_STATE.exists():
         _fail(f"a local board is already recorded in {BOARD_STATE}: run `vta-pipeline board down` first")
     key = key or ("vta-sim" if vta_sim else "host")
