@@ -9,8 +9,6 @@ under its key like any other board (`LocalBoard(server_module="lying_board")`).
 
 from __future__ import annotations
 
-import argparse
-import time
 
 
 def _init() -> None:
@@ -32,23 +30,9 @@ def _init() -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=9090)
-    ap.add_argument("--port-end", type=int, default=9199)
-    ap.add_argument("--tracker", required=True)
-    ap.add_argument("--key", default="liar")
-    args = ap.parse_args()
-    from tvm import rpc
+    from vta_pipeline.vta.rpc_server import serve
 
-    host, port = args.tracker.rsplit(":", 1)
-    server = rpc.Server(args.host, args.port, args.port_end, tracker_addr=(host, int(port)), key=args.key,
-                        server_init_callback=_init)
-    try:
-        while server.proc.is_alive():
-            time.sleep(1)
-    finally:
-        server.terminate()
+    serve(_init, "liar", __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

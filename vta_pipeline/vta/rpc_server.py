@@ -21,18 +21,24 @@ def _init() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    serve(_init, "vta-sim", __doc__.splitlines()[0], argv)
+
+
+def serve(init, default_key: str, description: str, argv: list[str] | None = None) -> None:
+    """An RPC server registered with a tracker whose sessions start with `init` (the LocalBoard
+    command line: --host --port --port-end --tracker --key), until its server process ends."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=9090)
     ap.add_argument("--port-end", type=int, default=9199)
     ap.add_argument("--tracker", required=True, help="HOST:PORT of the RPC tracker")
-    ap.add_argument("--key", default="vta-sim")
+    ap.add_argument("--key", default=default_key)
     args = ap.parse_args(argv)
     from tvm import rpc
 
     host, port = args.tracker.rsplit(":", 1)
     server = rpc.Server(args.host, args.port, args.port_end, tracker_addr=(host, int(port)), key=args.key,
-                        server_init_callback=_init)
+                        server_init_callback=init)
     try:
         while server.proc.is_alive():
             time.sleep(1)
