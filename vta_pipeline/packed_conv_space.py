@@ -72,6 +72,7 @@ output lanes). Everything else keeps the spaces it had
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from . import int8_dot, weight_prefetch
@@ -85,6 +86,9 @@ KIND_VERSIONS = {"depthwise": 3}  # 3: the padding computed inside the conv's pa
 # a float conv whose weights outweigh its activations (`splits_by_channels`): 3, its third
 # design space, the input channels outside the tiles (`_schedule_weights_once`)
 WEIGHTS_ONCE_VERSION = 4  # 4: each tile prefetches its share of the next block of weights
+# a conv whose result a wider block broadcasts (`broadcast_epilogue`): the broadcast block in
+# parallel and vectorized, what it broadcasts computed once in the conv's write-back
+BROADCAST_EPILOGUE_VERSION = 5
 MAX_REG_N = 8      # output columns per register tile
 MAX_REG_H = 4      # output rows per register tile
 MAX_OC_TILE = 4    # packed output-channel chunks per register tile
@@ -448,7 +452,10 @@ def _sample_unroll(sch) -> None:
 
 def version(kind: str, workload: Any = None) -> int:
     """The version of the nest of a conv of `kind` (`conv_kind`), in its tasks' space label
-    (`workload`: the task's, which says whether a float conv splits by channels)."""
+    (`workload`: the task's, which says whether a float conv splits by channels and whether
+    its result is broadcast)."""
+    if workload is not None and broadcast_epilogue(workload):
+        return BROADCAST_EPILOGUE_VERSION
     if kind == "float" and workload is not None and splits_by_channels(workload):
         return WEIGHTS_ONCE_VERSION
     return KIND_VERSIONS.get(kind, VERSION)
@@ -547,10 +554,15 @@ def _schedule_nchw(sch, conv, bands: int) -> None:
 def _inline_elementwise(sch, conv) -> None:
     """Inline every elementwise block at the root other than the conv and its padding (casts
     of a residual input, the steps of a requantize) into its consumers, so the epilogue is one
-    block after the conv."""
+    block after the conv. A block that a wider block broadcasts (a squeeze-and-excitation
+    gate: the activation of a 1x1 conv's few outputs, multiplied into every pixel of another
+    tensor) stays, to be folded into the conv's write-back: inlined into the broadcast, it
+    would be computed again for every pixel."""
     for block in sch.get_child_blocks(sch.get_sblock("root")):
         name = sch.get(block).name_hint
         if name.startswith("pad") or sch.get(block).same_as(sch.get(conv)):
+            continue
+        if any(_elements(sch, consumer) > _elements(sch, block) for consumer in sch.get_consumers(block)):
             continue
         try:
             sch.compute_inline(block)
@@ -558,17 +570,57 @@ def _inline_elementwise(sch, conv) -> None:
             pass
 
 
+def _elements(sch, block) -> int:
+    """How many elements `block` writes (its output buffer's size)."""
+    return math.prod(int(d) for d in sch.get(block).writes[0].source.shape)
+
+
+def broadcast_epilogue(workload: Any) -> bool:
+    """Whether the task's output is wider than its conv's (`_inline_elementwise`): the conv's
+    result is broadcast into a larger tensor (a squeeze-and-excitation gate's multiply)."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(workload)
+    conv, _ = _conv_block(sch)
+    if conv is None:
+        return False
+    output = sch.mod["main"].params[-1]  # the output buffer
+    return math.prod(int(d) for d in output.shape) > _elements(sch, conv)
+
+
 def fuse_epilogue(sch, acc) -> None:
     """Fold the elementwise blocks after the conv (bias add, residual add, ReLU, requantize)
-    into the tile's write-back, so the conv's output never goes to memory before them."""
+    into the tile's write-back, so the conv's output never goes to memory before them. A block
+    that cannot be folded (it broadcasts the result over a wider tensor) runs on its own,
+    vectorized (`_schedule_wide_consumer`), not as one scalar loop."""
     while True:
         consumers = sch.get_consumers(acc)
         if len(consumers) != 1:
             return
         try:
             sch.reverse_compute_inline(consumers[0])
-        except Exception:  # noqa: BLE001 - not elementwise in the tile's indices: leave it be
+        except Exception:  # noqa: BLE001 - not elementwise in the tile's indices: schedule it alone
+            _schedule_wide_consumer(sch, consumers[0])
             return
+
+
+def _schedule_wide_consumer(sch, block) -> None:
+    """A block after the conv that its tile could not absorb (it broadcasts the conv's result
+    over a wider tensor): its packed lanes vectorized, and its outer loops split over the
+    cores or not, a knob. Such a block streams memory and computes little: spread over the
+    cores it can lose to one core streaming it, so the measurement decides, per board."""
+    loops = sch.get_loops(block)
+    if not loops or any(iv.iter_type != 0 for iv in sch.get(block).iter_vars):  # a reduction: not ours
+        return
+    lanes = loops[-1] if int(sch.get(loops[-1]).extent) <= 64 else None
+    outer = loops[:-1] if lanes is not None else loops
+    cores = parallel_bands()
+    if outer and cores > 1:
+        fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+        jobs = sch.sample_categorical([1, cores], probs=[0.5, 0.5])
+        sch.parallel(sch.split(fused, factors=[jobs, None])[0])
+    if lanes is not None:
+        sch.vectorize(lanes)
 
 
 def _schedule_producers(sch, conv) -> None:

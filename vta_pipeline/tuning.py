@@ -61,6 +61,7 @@ def space_versions() -> dict[str, int]:
     return {"packed-conv": packed_conv_space.VERSION, "winograd": winograd_space.VERSION,
             "dense": dense_space.VERSION, "injective": injective_space.VERSION, "pool": pool_space.VERSION,
             "packed-conv:float:weights-once": packed_conv_space.WEIGHTS_ONCE_VERSION,
+            "packed-conv:broadcast-epilogue": packed_conv_space.BROADCAST_EPILOGUE_VERSION,
             **{f"packed-conv:{kind}": v for kind, v in packed_conv_space.KIND_VERSIONS.items()}}
 
 
