@@ -600,7 +600,10 @@ def fuse_epilogue(sch, acc) -> None:
         try:
             sch.reverse_compute_inline(consumers[0])
         except Exception:  # noqa: BLE001 - not elementwise in the tile's indices: schedule it alone
-            _schedule_wide_consumer(sch, consumers[0])
+            try:
+                _schedule_wide_consumer(sch, consumers[0])
+            except Exception:  # noqa: BLE001 - loops it cannot fuse or split: it stays as lowered
+                pass
             return
 
 
