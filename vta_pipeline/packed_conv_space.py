@@ -86,8 +86,8 @@ KIND_VERSIONS = {"depthwise": 3}  # 3: the padding computed inside the conv's pa
 # a float conv whose weights outweigh its activations (`splits_by_channels`): 3, its third
 # design space, the input channels outside the tiles (`_schedule_weights_once`)
 WEIGHTS_ONCE_VERSION = 4  # 4: each tile prefetches its share of the next block of weights
-# a conv whose result a wider block broadcasts (`broadcast_epilogue`): the broadcast block in
-# parallel and vectorized, what it broadcasts computed once in the conv's write-back
+# a conv whose result a wider block broadcasts (`broadcast_epilogue`): what it broadcasts
+# computed once in the conv's write-back, the broadcast block vectorized (`_schedule_wide_consumer`)
 BROADCAST_EPILOGUE_VERSION = 5
 MAX_REG_N = 8      # output columns per register tile
 MAX_REG_H = 4      # output rows per register tile
@@ -572,7 +572,11 @@ def _inline_elementwise(sch, conv) -> None:
 
 def _elements(sch, block) -> int:
     """How many elements `block` writes (its output buffer's size)."""
-    return math.prod(int(d) for d in sch.get(block).writes[0].source.shape)
+    return _size(sch.get(block).writes[0].source)
+
+
+def _size(buffer) -> int:
+    return math.prod(int(d) for d in buffer.shape)
 
 
 def broadcast_epilogue(workload: Any) -> bool:
@@ -584,8 +588,7 @@ def broadcast_epilogue(workload: Any) -> bool:
     conv, _ = _conv_block(sch)
     if conv is None:
         return False
-    output = sch.mod["main"].params[-1]  # the output buffer
-    return math.prod(int(d) for d in output.shape) > _elements(sch, conv)
+    return _size(sch.mod["main"].params[-1]) > _elements(sch, conv)  # the last parameter: the output
 
 
 def fuse_epilogue(sch, acc) -> None:
@@ -613,7 +616,9 @@ def _schedule_wide_consumer(sch, block) -> None:
     cores or not, a knob. Such a block streams memory and computes little: spread over the
     cores it can lose to one core streaming it, so the measurement decides, per board."""
     loops = sch.get_loops(block)
-    if not loops or any(iv.iter_type != 0 for iv in sch.get(block).iter_vars):  # a reduction: not ours
+    from tvm.tirx import IterVar
+
+    if not loops or any(iv.iter_type != IterVar.DataPar for iv in sch.get(block).iter_vars):  # a reduction
         return
     lanes = loops[-1] if int(sch.get(loops[-1]).extent) <= 64 else None
     outer = loops[:-1] if lanes is not None else loops
