@@ -61,8 +61,8 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
     """
     logger = get_run_logger()
     t0 = time.time()
-    cfg = PipelineConfig.model_validate(config)
-    target = resolve_target(cfg.target)  # bad target/model/toolchain fail here, before any work
+    target = resolve_target(PipelineConfig.model_validate(config).target)  # a bad target fails here, before any work
+    cfg = steps.with_defaults(PipelineConfig.model_validate(config), target)
     steps.check_target(cfg, target)
     steps.check_local_board(cfg, target)
     check_model(cfg.model)

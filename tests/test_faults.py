@@ -103,6 +103,86 @@ def test_hung_board_times_out_and_is_not_used_again(micronet, host_target, tmp_p
     assert 1 <= len(errors) <= 2 and all("Timeout" in e for e in errors)
 
 
+def test_the_only_board_frozen_mid_tuning_costs_one_timeout_then_every_task_stops_at_once(micronet, host_target,
+                                                                                      tmp_path):
+    """A frozen board stays checked out at the tracker, so each later request waited out the
+    whole timeout: every task, batch and retry rediscovered it. Now one measurement times out,
+    the board gets one more timeout to come back, and then the key's measurements are refused
+    at once with the reason, for this task, its retry and the next task."""
+    from vta_pipeline import pools
+
+    _, extracted = micronet
+    tasks = [_conv(extracted, 0), _conv(extracted, 1)]
+    works = [task_work_dir(tmp_path, host_target.id, t.workload_hash) for t in tasks]
+    with LocalBoard(key="frozen1", num_servers=1, registry=tmp_path / "registry", log_dir=tmp_path / "logs") as b:
+        _kill(b.servers[0], signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(TuningAborted) as first:
+                tune_task(*_tune_args(extracted, tasks[0], host_target, b, 1),
+                          TuneConfig(trials_per_task=8, trials_per_batch=4), FAST, works[0])
+            first_s = time.monotonic() - t0
+            t1 = time.monotonic()
+            for task, work in zip(tasks, works):  # the retry, then the next task
+                with pytest.raises(TuningAborted) as later:
+                    tune_task(*_tune_args(extracted, task, host_target, b, 1),
+                              TuneConfig(trials_per_task=8, trials_per_batch=4), FAST, work)
+                assert "stopped answering" in str(later.value)
+            later_s = time.monotonic() - t1
+        finally:
+            _kill(b.servers[0], signal.SIGCONT)
+            pools.close_all()
+    assert "stopped answering" in str(first.value) and "restart it" in str(first.value)
+    errors = [row["error"] for work in works for row in read_trials(work) if row["error"]]
+    timeouts = [e for e in errors if "RPCRunner: Timeout" in e]
+    assert len(timeouts) == 1, errors  # one timeout in the whole run, not one per measurement
+    assert all("stopped answering" in e for e in errors if "RPCRunner: Timeout" not in e)
+    print(f"first task {first_s:.1f} s, its retry and the next task {later_s:.1f} s")
+    # a retry and another task together take less than one measurement's timeout (each waited
+    # out 4 of them before: the failures in a row that stop a task)
+    assert later_s < FAST.timeout_s + pools.WORKER_GRACE_S, later_s
+
+
+def test_a_board_frozen_during_the_evaluation_fails_it_within_its_deadline_with_what_to_do(tmp_path):
+    """Upload, load and the timing had no client-side deadline: a board frozen mid-evaluation
+    blocked the run for good (and queued every later night behind it)."""
+    import numpy as np
+
+    from vta_pipeline.boards import BoardHung
+    from vta_pipeline.evaluate import evaluate_on_board
+
+    lib = _tiny_relax_lib(tmp_path / "net.so")
+    x = np.zeros((1, 4, 8, 8), "float32")
+    with LocalBoard(key="frozen2", num_servers=1, registry=tmp_path / "registry", log_dir=tmp_path / "logs") as b:
+        server = psutil.Process(b.servers[0].pid)
+        idle = len(server.children(recursive=True))
+        out: dict = {}
+
+        def evaluate() -> None:
+            try:
+                out["ev"] = evaluate_on_board(lib, (x, np.zeros((1, 8, 6, 6), "float32")), "llvm", (b.host, b.port),
+                                              b.key, 1, 20, 1e3, 1e3, min_repeat_ms=500, board_timeout_s=3)
+            except BaseException as e:  # noqa: BLE001 - asserted below
+                out["error"] = e
+
+        t = threading.Thread(target=evaluate, daemon=True)
+        t.start()
+        _wait_for(lambda: len(server.children(recursive=True)) > idle, timeout=60, what="the evaluation's session")
+        _kill(b.servers[0], signal.SIGSTOP)  # the server and its session's process
+        frozen_at = time.monotonic()
+        try:
+            t.join(120)
+            waited = time.monotonic() - frozen_at
+        finally:
+            _kill(b.servers[0], signal.SIGCONT)
+    assert not t.is_alive(), "the evaluation still waits on the frozen board"
+    assert isinstance(out.get("error"), BoardHung), out
+    msg = str(out["error"])
+    assert "'frozen2'" in msg and "did not finish within" in msg and "Restart that board's rpc_server" in msg
+    # 20 repeats of 500 ms: the timing's deadline is 3 s plus 3x its planned 10 s
+    assert waited < 3 + 3 * 20 * 0.5 + 15, waited
+
+
 # ---- 3b. a tracker that stalls is busy, not down -------------------------------------------------
 def test_a_stalled_tracker_with_a_full_accept_queue_is_waited_for_not_reported_down():
     """TVM's tracker listens with a backlog of 1: while it stalls, the kernel drops new handshakes

@@ -140,7 +140,7 @@ def _timer(sess, x: np.ndarray, min_repeat_ms: float):
 
 def compare(lib: Path, onnx_path: Path, x: np.ndarray, reference: np.ndarray, tracker: tuple[str, int], key: str,
             threads: int, rounds: int, min_repeat_ms: float = 50.0, int8_onnx: Path | None = None,
-            float_reference: np.ndarray | None = None) -> dict[str, Any]:
+            float_reference: np.ndarray | None = None, board_timeout_s: float | None = None) -> dict[str, Any]:
     """The tuned build and ONNX Runtime fp32 (and int8, given `int8_onnx`), `rounds` rounds
     in turn: each one's median ms, ours / theirs, and whether ORT's output is the reference's.
 
@@ -157,7 +157,8 @@ def compare(lib: Path, onnx_path: Path, x: np.ndarray, reference: np.ndarray, tr
     if int8_onnx is not None:
         y8, int8_ms = _timer(_session(int8_onnx, threads), x, min_repeat_ms)
         local.append(int8_ms)
-    ours, *theirs = time_in_turn([lib], x, "llvm", tracker, key, rounds, min_repeat_ms=min_repeat_ms, local=local)
+    ours, *theirs = time_in_turn([lib], x, "llvm", tracker, key, rounds, min_repeat_ms=min_repeat_ms, local=local,
+                                 **({"board_timeout_s": board_timeout_s} if board_timeout_s else {}))
     ours_ms = statistics.median(ours)
     rows = [{"engine": ENGINE, "ort_ms": statistics.median(theirs[0]),
              "ort_rounds_ms": [round(v, 4) for v in theirs[0]], "ort_output_matches": fp32_ok}]

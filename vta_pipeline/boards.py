@@ -483,36 +483,58 @@ def stop_from_state(state_file: Path) -> dict[str, Any] | None:
     return state
 
 
-def _on_a_board(host: str, port: int, key: str, timeout_s: float, work: Callable[[Any], Any], what: str,
-                failed: str = ": ", hung: str = "") -> Any:
-    """`work(remote)` on a board under `key`, with a deadline.
+class BoardHung(BoardError):
+    """A board that accepted a session and then did not answer one call within its deadline."""
 
-    RPC calls have no client-side timeout: a board that accepts the session and never answers
-    would block the caller for good, so the work runs in a daemon thread that is given up on
-    after `timeout_s`. Every failure is a BoardError naming the key and the tracker.
+
+def within(timeout_s: float, what: str, call: Callable[[], Any]) -> Any:
+    """`call()` given up on after `timeout_s`: a BoardHung naming `what` (and its deadline).
+
+    TVM's RPC client has no deadline of its own: a call to a board that accepted the session
+    and stopped answering (SIGSTOP, a hung driver, a board that lost power with its TCP
+    connection still open) blocks its caller for good, and a frozen process still heartbeats
+    to Prefect, so nothing marks the run Crashed. The call runs in a daemon thread; the
+    caller goes on (to fail with the reason) and the thread stays blocked on the dead socket
+    until the process exits. Exceptions from `call` are re-raised as they are.
     """
     import threading
-
-    from tvm import rpc
 
     outcome: dict[str, Any] = {}
 
     def run() -> None:
         try:
-            remote = rpc.connect_tracker(host, port).request(key, priority=1, session_timeout=int(timeout_s))
-            outcome["value"] = work(remote)
-        except Exception as e:  # reported below with the key and the tracker
-            outcome["error"] = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
+            outcome["value"] = call()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread below
+            outcome["error"] = e
 
-    t = threading.Thread(target=run, daemon=True)
+    t = threading.Thread(target=run, daemon=True, name=f"board call: {what}")
     t.start()
     t.join(timeout_s)
-    where = f"key {key!r} at the tracker {host}:{port}"
     if t.is_alive():
-        raise BoardError(f"{what}: a board under {where} did not answer within {timeout_s:.0f} s{hung}")
+        raise BoardHung(f"{what} did not finish within {timeout_s:.0f} s")
     if "error" in outcome:
-        raise BoardError(f"{what}: a board under {where}{failed}{outcome['error']}")
-    return outcome["value"]
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+def _on_a_board(host: str, port: int, key: str, timeout_s: float, work: Callable[[Any], Any], what: str,
+                failed: str = ": ", hung: str = "") -> Any:
+    """`work(remote)` on a board under `key`, with a deadline (`within`). Every failure is a
+    BoardError naming the key and the tracker."""
+    from tvm import rpc
+
+    def run() -> Any:
+        remote = rpc.connect_tracker(host, port).request(key, priority=1, session_timeout=int(timeout_s))
+        return work(remote)
+
+    where = f"key {key!r} at the tracker {host}:{port}"
+    try:
+        return within(timeout_s, what, run)
+    except BoardHung:
+        raise BoardError(f"{what}: a board under {where} did not answer within {timeout_s:.0f} s{hung}") from None
+    except Exception as e:  # reported with the key and the tracker
+        msg = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
+        raise BoardError(f"{what}: a board under {where}{failed}{msg}") from None
 
 
 def health_check(host: str, port: int, key: str, target_spec: dict[str, Any], timeout_s: float = 120.0,

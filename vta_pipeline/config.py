@@ -181,6 +181,12 @@ class EvalConfig(_Strict):
                           "ORT's own int8 U8S8 QDQ) on the same model and cores in turn with the tuned build, and "
                           "report ours / ORT (vta_pipeline.baseline).")
     compare_rounds: int = Field(7, gt=0, description="Rounds of that timing in turn (medians of the rounds).")
+    board_timeout_s: float = Field(
+        300.0, gt=0,
+        description="The longest one call to the board may take while evaluating (the session request, loading "
+                    "the library, one run; an upload gets 1 s more per MiB, the timing its runs' time): past it "
+                    "the step fails and says the board hung, where it used to wait for good. Not part of the "
+                    "evaluation's cache key.")
 
 
 class GuardConfig(_Strict):
@@ -204,7 +210,10 @@ class QuantizeConfig(_Strict):
 
     enabled: bool = Field(False, description="Quantize float32 -> int8 with int32 accumulation.")
     global_scale: float = Field(8.0, gt=0, description="Bound of every activation (calibrate_mode global_scale).")
-    skip_conv_layers: tuple[int, ...] = Field((0,), description="Indices of conv2d layers kept in float.")
+    skip_conv_layers: tuple[int, ...] | None = Field(
+        None, description="Indices of conv2d layers kept in float. Unset: the stem (conv 0) stays float where VTA "
+        "or graph pack runs the convs (VTA cannot pack its 3 input channels), and is quantized too where the CPU's "
+        "blocked layout runs them (the dot product pads 3 channels to 4), as ONNX Runtime's int8 does.")
     skip_dense_layer: bool = Field(
         True, description="Keep dense layers (matmul with constant weights: the classifier) in float, as "
         "relay.quantize did by default; false quantizes them to int8 x int8 -> int32 with a power-of-two weight "

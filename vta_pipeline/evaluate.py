@@ -24,6 +24,9 @@ STEP = "evaluate"
 VERSION = 3  # 2: repeats within a time budget; 3: runs per repeat from min_repeat_ms, the board's threads
 MIN_REPEAT = 3
 MAX_NUMBER = 100_000  # runs per repeat, whatever a (lying) first run's time asks for
+BOARD_TIMEOUT_S = 300.0  # EvalConfig.board_timeout_s: the longest one call to the board may take
+UPLOAD_MIN_BYTES_PER_S = 1 << 20  # an upload's deadline grows with the file, at this slowest link speed
+TIMING_SLACK = 3.0  # a timed call may run this many times its planned runs' time (a busy host) ...
 
 
 @dataclass
@@ -79,11 +82,42 @@ def _device(remote, kind: str):
     return {"llvm": remote.cpu, "cuda": remote.cuda, "opencl": remote.cl}.get(kind, remote.cpu)(0)
 
 
-def _request_board(tracker: tuple[str, int], key: str, session_timeout: int):
+class _Calls:
+    """The calls of one board session, each given up on after its deadline (`boards.within`):
+    a board that accepted the session and stopped answering fails the step with what to do,
+    where it used to block the run (and every later night queued behind it) for good."""
+
+    def __init__(self, tracker: tuple[str, int], key: str, timeout_s: float) -> None:
+        self.tracker, self.key, self.timeout_s = tracker, key, float(timeout_s)
+
+    def __call__(self, what: str, call: Callable[[], Any], extra_s: float = 0.0) -> Any:
+        from .boards import BoardHung, within
+
+        limit = self.timeout_s + extra_s
+        try:
+            return within(limit, what, call)
+        except BoardHung:
+            host, port = self.tracker
+            raise BoardHung(
+                f"{what} on a {self.key!r} board (tracker {host}:{port}) did not finish within {limit:.0f} s: the "
+                "board took the session and stopped answering (a frozen or hung rpc_server, a board that lost "
+                "power). Restart that board's rpc_server (`vta-pipeline board status` lists a local board's "
+                "processes) and rerun: the tuning and the build are kept in the store, and the rerun goes "
+                "straight to this step. A network that really runs this long on the board needs a larger "
+                "evaluate.board_timeout_s (--config)"
+            ) from None
+
+    def upload(self, remote, lib_path: Path, target: str | None = None) -> None:
+        size = Path(lib_path).stat().st_size
+        self(f"uploading {Path(lib_path).name} ({size / 2**20:.1f} MiB)",
+             lambda: remote.upload(str(lib_path), target=target), extra_s=size / UPLOAD_MIN_BYTES_PER_S)
+
+
+def _request_board(tracker: tuple[str, int], key: str, session_timeout: int, calls: _Calls | None = None):
     """A session on a board under `key`, or a BoardError that says how to get one."""
     from tvm import rpc
 
-    from .boards import count_servers
+    from .boards import BoardHung, count_servers
 
     host, port = tracker
     if count_servers(host, port, key) == 0:  # request() would block forever on an empty key
@@ -91,10 +125,19 @@ def _request_board(tracker: tuple[str, int], key: str, session_timeout: int):
             f"no board is registered under key {key!r} at the tracker {host}:{port}; start one with "
             f"`python -m tvm.exec.rpc_server --tracker {host}:{port} --key {key}` and rerun"
         )
+    calls = calls or _Calls(tracker, key, BOARD_TIMEOUT_S)
     try:
-        return rpc.connect_tracker(host, port).request(key, priority=1, session_timeout=session_timeout)
+        return calls("requesting a session",
+                     lambda: rpc.connect_tracker(host, port).request(key, priority=1, session_timeout=session_timeout))
+    except BoardHung:
+        raise
     except Exception as e:
         raise BoardError(f"could not get a board with key {key!r} from the tracker at {host}:{port}: {e}") from None
+
+
+def _timed_s(number: int, repeat: int, per_run_s: float) -> float:
+    """The deadline's share for `repeat` repeats of `number` runs of `per_run_s` each."""
+    return TIMING_SLACK * number * repeat * max(per_run_s, 0.0)
 
 
 def evaluate_on_board(
@@ -112,44 +155,58 @@ def evaluate_on_board(
     max_seconds: float | None = None,
     min_repeat_ms: float = 0.0,
     vta: bool = False,
+    board_timeout_s: float = BOARD_TIMEOUT_S,
 ) -> Evaluation:
     """Upload, run once for the output check, then time: a warm-up run (it also sizes the
     repeats, see `plan_timing`) and `repeat` repeats of `number` or more runs each.
 
     `vta`: the network's convs are offloaded to a VTA simulator board, whose wall time is the
     host simulating: a run's time is then the convs' simulated time plus the CPU's share
-    (`vta.network.time_on_board`), over `repeat` runs (at most MIN_REPEAT: the simulating is slow)."""
+    (`vta.network.time_on_board`), over `repeat` runs (at most MIN_REPEAT: the simulating is slow).
+
+    Every call to the board has a deadline (`board_timeout_s`, the upload's grown with the
+    file, the timing's with its planned runs): past it, a BoardHung that says what to do."""
     import tvm
     from tvm import relax
 
     from .boards import remote_threads
 
     host, port = tracker
-    remote = _request_board(tracker, key, session_timeout)
+    calls = _Calls(tracker, key, board_timeout_s)
+    remote = _request_board(tracker, key, session_timeout, calls)
+    name = Path(lib_path).name
     try:
-        remote.upload(str(lib_path))
-        lib = remote.load_module(Path(lib_path).name)
+        calls.upload(remote, lib_path)
+        lib = calls(f"loading {name}", lambda: remote.load_module(name))
         dev = _device(remote, target_kind)
         vm = relax.VirtualMachine(lib, dev)
         x, y_ref = reference
-        xd = tvm.runtime.tensor(x, dev)
-        out = vm["main"](xd)
-        y = (out[0] if not isinstance(out, tvm.runtime.Tensor) else out).numpy()
+        xd = calls("sending the input", lambda: tvm.runtime.tensor(x, dev))
+
+        def output():
+            out = vm["main"](xd)
+            return (out[0] if not isinstance(out, tvm.runtime.Tensor) else out).numpy()
+
+        y = calls(f"running {name} once", output)
         split = None
         if vta:
             from .vta.network import time_on_board
 
-            split = time_on_board(vm, dev, remote, [xd], repeat=min(repeat, MIN_REPEAT))
+            split = calls(f"simulating {name}",
+                          lambda: time_on_board(vm, dev, remote, [xd], repeat=min(repeat, MIN_REPEAT)),
+                          extra_s=board_timeout_s * min(repeat, MIN_REPEAT))
             number, reps = 1, [split.total_ms]
         else:
-            per_run_s = vm.time_evaluator("main", dev, number=1, repeat=1)(xd).mean  # warm, and sized
-            _believable(per_run_s, key, Path(lib_path).name)
+            per_run_s = calls(f"a warm-up run of {name}",
+                              lambda: vm.time_evaluator("main", dev, number=1, repeat=1)(xd).mean)  # ... and sized
+            _believable(per_run_s, key, name)
             number, repeat = plan_timing(number, repeat, min_repeat_ms, max_seconds, per_run_s)
             timer = vm.time_evaluator("main", dev, number=number, repeat=repeat)
-            res = timer(xd)
-            _believable(list(res.results), key, Path(lib_path).name)
+            res = calls(f"timing {name} ({repeat} x {number} runs)", lambda: timer(xd),
+                        extra_s=_timed_s(number, repeat, per_run_s))
+            _believable(list(res.results), key, name)
             reps = [float(r) * 1e3 for r in res.results]
-        threads = remote_threads(remote) if target_kind == "llvm" else None
+        threads = calls("reading the thread count", lambda: remote_threads(remote)) if target_kind == "llvm" else None
     except BoardError:
         raise
     except Exception as e:
@@ -192,6 +249,7 @@ def time_in_turn(
     session_timeout: int = 600,
     local: Sequence[Callable[[], float]] = (),
     settle_s: float = 0.5,
+    board_timeout_s: float = BOARD_TIMEOUT_S,
 ) -> list[list[float]]:
     """Each library's latency (ms per run) in each of `rounds` rounds, all of them on one board
     session, one after the other in every round: the first library first in even rounds and
@@ -210,26 +268,29 @@ def time_in_turn(
     if rounds < 1 or len(libs) + len(local) < 2:
         raise ValueError(f"timing in turn needs two or more engines and a round or more, got "
                          f"{len(libs) + len(local)} and {rounds}")
-    remote = _request_board(tracker, key, session_timeout)
+    calls = _Calls(tracker, key, board_timeout_s)
+    remote = _request_board(tracker, key, session_timeout, calls)
     try:
         dev = _device(remote, target_kind)
         timers = []
         for i, lib_path in enumerate(libs):
             name = f"in_turn_{i}_{Path(lib_path).name}"  # builds share the file name model.so
-            remote.upload(str(lib_path), target=name)
-            vm = relax.VirtualMachine(remote.load_module(name), dev)
-            xd = tvm.runtime.tensor(x, dev)
-            per_run_s = vm.time_evaluator("main", dev, number=1, repeat=1)(xd).mean
+            calls.upload(remote, lib_path, target=name)
+            vm = relax.VirtualMachine(calls(f"loading {name}", lambda: remote.load_module(name)), dev)
+            xd = calls("sending the input", lambda: tvm.runtime.tensor(x, dev))
+            per_run_s = calls(f"a warm-up run of {name}",
+                              lambda: vm.time_evaluator("main", dev, number=1, repeat=1)(xd).mean)
             _believable(per_run_s, key, Path(lib_path).name)
             number, _ = plan_timing(1, 1, min_repeat_ms, None, per_run_s)
-            timers.append((vm.time_evaluator("main", dev, number=number, repeat=1), xd, Path(lib_path).name))
+            timers.append((vm.time_evaluator("main", dev, number=number, repeat=1), xd, Path(lib_path).name,
+                           _timed_s(number, 1, per_run_s)))
 
-        def board_ms(t, xd, name) -> float:
-            secs = float(t(xd).mean)
+        def board_ms(t, xd, name, extra_s) -> float:
+            secs = float(calls(f"timing {name}", lambda: t(xd).mean, extra_s=extra_s))
             _believable(secs, key, name)
             return secs * 1e3
 
-        engines = [lambda t=t, xd=xd, n=n: board_ms(t, xd, n) for t, xd, n in timers] + list(local)
+        engines = [lambda a=a: board_ms(*a) for a in timers] + list(local)
         ms: list[list[float]] = [[] for _ in engines]
         for r in range(-1, rounds):  # round -1 is not counted: each library's first full repeat runs cold
             order = range(len(engines)) if r % 2 == 0 else reversed(range(len(engines)))

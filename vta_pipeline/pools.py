@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator
@@ -29,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .config import MeasureConfig
     from .boards import BoardSpec
+
+log = logging.getLogger(__name__)
 
 BUILDS_PER_WORKER = 64
 IDLE_KEPT = 2
@@ -142,7 +145,8 @@ def builder(timeout_s: float, cross_compiler: str | None = None, workers: int | 
 
 # ---- runner ----------------------------------------------------------------------------------------
 def make_runner(board: BoardSpec, measure: MeasureConfig):
-    """MetaSchedule's RPCRunner with a client-side deadline on every measurement.
+    """MetaSchedule's RPCRunner with a client-side deadline on every measurement, behind
+    `_checked` (refused lies, boards found hung dropped from the run).
 
     RPCRunner's worker pool has no timeout: a board that accepts a session and never
     answers (frozen, hung driver), or a key whose boards are all gone (the tracker queues
@@ -172,32 +176,152 @@ def make_runner(board: BoardSpec, measure: MeasureConfig):
     )
     runner.pool.shutdown()
     runner.pool = PopenPoolExecutor(max_workers=workers, timeout=measure.timeout_s + WORKER_GRACE_S)
-    return _checked(runner, board.key)
+    return _checked(runner, board, measure.timeout_s, workers)
 
 
-def _checked(inner, key: str):
+# ---- boards found hung -----------------------------------------------------------------------------
+TIMEOUT_PREFIX = "RPCRunner: Timeout"
+DISPATCH_POLL_S = 0.05  # how often the dispatcher looks at the candidates in flight (a wake-up, no CPU)
+
+
+@dataclass
+class _KeyHealth:
+    timeouts: int = 0  # measurements in a row on the key that timed out
+    hung_since: float | None = None  # wall time every board of the key was found hung
+    boards: int = 0
+
+
+_health: dict[tuple[str, int, str], _KeyHealth] = {}
+_health_lock = threading.Lock()
+
+
+def _observe(where: tuple[str, int, str], error_msg: str | None) -> None:
+    """Note a measurement's outcome: a timeout counts toward the key's boards being hung;
+    anything else (a time, or an error the board answered with) means a board answers."""
+    with _health_lock:
+        h = _health.setdefault(where, _KeyHealth())
+        if error_msg is not None and error_msg.startswith(TIMEOUT_PREFIX):
+            h.timeouts += 1
+        else:
+            h.timeouts, h.hung_since = 0, None
+
+
+def _free_and_registered(host: str, port: int, key: str) -> tuple[int, int] | None:
+    from .boards import tracker_summary
+    from .errors import BoardError
+
+    try:
+        summary = tracker_summary(host, port)
+    except BoardError:
+        return None  # no tracker: the measurement fails on its own, with that reason
+    free = int(summary.get("queue_info", {}).get(key, {}).get("free", 0))
+    registered = sum(1 for s in summary.get("server_info", []) if s.get("key") == f"server:{key}")
+    return free, registered
+
+
+def hung_refusal(where: tuple[str, int, str], timeout_s: float, poll_s: float = 0.5) -> str | None:
+    """Why not to send a measurement to the key's boards, or None to send it.
+
+    A board that took a session and stopped answering (SIGSTOP, a hung driver, power lost
+    with its TCP connection open) stays checked out at the tracker, so every later request
+    waits in the tracker's queue for the whole timeout: with one board, every measurement of
+    every task, batch and retry waited it out (an hour a task at the nightly defaults). Here,
+    once as many measurements in a row have timed out as the key has boards and no board is
+    free, the boards get one more timeout's wait to come back (a board that ran a slow
+    candidate does, once it finishes it); after that the key is hung for this process and
+    its measurements are refused at once (errors, so the task stops with this reason and
+    keeps its records), until a board is free at the tracker again or one answers."""
+    host, port, key = where
+    with _health_lock:
+        h = _health.get(where)
+        if h is None or h.timeouts == 0:
+            return None
+        timeouts, hung_since = h.timeouts, h.hung_since
+    seen = _free_and_registered(host, port, key)
+    if seen is None or seen[0] > 0 or timeouts < seen[1]:
+        return None
+    if hung_since is None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            time.sleep(poll_s)
+            seen = _free_and_registered(host, port, key)
+            if seen is None or seen[0] > 0:
+                return None
+        with _health_lock:
+            h = _health.setdefault(where, _KeyHealth())
+            if h.timeouts == 0:  # a board answered meanwhile
+                return None
+            h.hung_since = hung_since = time.time()
+            h.boards = seen[1]
+        log.warning("every board under key %r at the tracker %s:%d (%d) is hung: its measurements are refused "
+                    "until one is free again", key, host, port, seen[1])
+    return (f"not measured: every board under key {key!r} at the tracker {host}:{port} ({seen[1]}) stopped "
+            f"answering ({timeouts} measurement(s) in a row timed out, after {timeout_s:.0f} s each, and none "
+            f"was free again {timeout_s:.0f} s later; hung since {time.strftime('%H:%M:%S', time.localtime(hung_since))}). "
+            "A frozen or hung rpc_server stays checked out at the tracker: restart it and rerun, tuning "
+            "continues from the records")
+
+
+def _checked(inner, board: BoardSpec, timeout_s: float, workers: int):
     """`inner` (a MetaSchedule runner) whose results are refused where the board's times cannot
     be true (`trial_log.implausible`): each such measurement becomes an error, so no 0 s
     record reaches the database, the cost model or the best pick, and a board that always lies
-    stops the task as any broken setup does, with the reason."""
+    stops the task as any broken setup does, with the reason.
+
+    Candidates go to `inner` one at a time, at most `workers` in flight, each only once
+    `hung_refusal` lets it: a key whose boards all hung costs a run one timeout (and one
+    wait for them to come back), not one per candidate."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerResult
 
     from .trial_log import implausible
 
+    where = (board.tracker_host, board.tracker_port, board.key)
+
+    def checked(r) -> RunnerResult:
+        _observe(where, r.error_msg)
+        why = implausible(r.run_secs) if r.error_msg is None else None
+        return r if why is None else RunnerResult(None, error_msg=f"board under key {board.key!r}: {why}")
+
     @derived_object
-    class CheckedFuture(PyRunnerFuture):
-        def __init__(self, future) -> None:
+    class GatedFuture(PyRunnerFuture):
+        def __init__(self) -> None:
             super().__init__()
-            self.future = future
+            self.settled = threading.Event()
+            self.value = None
+
+        def settle(self, value) -> None:
+            self.value = value
+            self.settled.set()
 
         def done(self) -> bool:
-            return self.future.done()
+            return self.settled.is_set()
 
         def result(self) -> RunnerResult:
-            r = self.future.result()
-            why = implausible(r.run_secs) if r.error_msg is None else None
-            return r if why is None else RunnerResult(None, error_msg=f"board under key {key!r}: {why}")
+            self.settled.wait()
+            return self.value
+
+    def dispatch(inputs, gated) -> None:
+        pending, in_flight = list(zip(inputs, gated)), []
+        try:
+            while pending or in_flight:
+                while pending and len(in_flight) < workers:
+                    inp, g = pending.pop(0)
+                    why = hung_refusal(where, timeout_s)
+                    if why:
+                        g.settle(RunnerResult(None, error_msg=why))
+                        continue
+                    in_flight.append((inner.run([inp])[0], g))
+                finished = [(f, g) for f, g in in_flight if f.done()]
+                for f, g in finished:
+                    g.settle(checked(f.result()))
+                in_flight = [(f, g) for f, g in in_flight if not g.done()]
+                if in_flight and not finished:
+                    time.sleep(DISPATCH_POLL_S)
+        except BaseException as e:  # noqa: BLE001 - every candidate gets a result, whatever broke here
+            for g in gated:
+                if not g.done():
+                    g.settle(RunnerResult(None, error_msg=f"runner dispatch failed: {e!r}"))
 
     @derived_object
     class CheckedRunner(PyRunner):
@@ -206,7 +330,10 @@ def _checked(inner, key: str):
             self.pool = inner.pool  # shut down with the runner's lease
 
         def run(self, runner_inputs):
-            return [CheckedFuture(f) for f in inner.run(runner_inputs)]
+            gated = [GatedFuture() for _ in runner_inputs]
+            threading.Thread(target=dispatch, args=(list(runner_inputs), gated), daemon=True,
+                             name=f"runner dispatch: {board.key}").start()
+            return gated
 
     return CheckedRunner()
 

@@ -96,7 +96,8 @@ def quantize_model(model_dir: Path, cfg: QuantizeConfig, out_dir: Path, seed: in
     mod = fold_batch_norm(load_module(model_dir))
     x, y_float = load_reference(model_dir)
     n_conv = sum(o.name == "nn.conv2d" for o in op_sequence(mod))
-    bad = [i for i in cfg.skip_conv_layers if not 0 <= i < n_conv]
+    skip = (0,) if cfg.skip_conv_layers is None else tuple(cfg.skip_conv_layers)  # unset: `steps.with_defaults`
+    bad = [i for i in skip if not 0 <= i < n_conv]
     if bad:
         raise ConfigError(
             f"quantize.skip_conv_layers {bad}: the model has {n_conv} conv2d layers (indices 0..{n_conv - 1}); "
@@ -104,7 +105,7 @@ def quantize_model(model_dir: Path, cfg: QuantizeConfig, out_dir: Path, seed: in
         )
     params = QuantizeParams(
         act_exp=(cfg.nbit_input - 1) - int(round(math.log2(cfg.global_scale))),
-        skip_conv_layers=tuple(cfg.skip_conv_layers),
+        skip_conv_layers=skip,
         nbit_input=cfg.nbit_input,
         nbit_weight=cfg.nbit_weight,
         quantize_dense=not cfg.skip_dense_layer,
@@ -114,12 +115,12 @@ def quantize_model(model_dir: Path, cfg: QuantizeConfig, out_dir: Path, seed: in
         params.var_act_exp = calibrate(mod, cfg, calibration_inputs(cfg, tuple(x.shape), seed))
     qmod, layers = quantize(mod, params)
     if not any(l.quantized for l in layers if l.kind == "conv2d"):
-        skipped = [i for i in cfg.skip_conv_layers if 0 <= i < n_conv]
+        skipped = [i for i in skip if 0 <= i < n_conv]
         if skipped and len(skipped) >= n_conv:
             raise ConfigError(
                 f"quantize found no conv2d layer to quantize: the model has {n_conv} conv2d layer(s) and "
-                f"quantize.skip_conv_layers {list(cfg.skip_conv_layers)} keeps all of them in float (the default "
-                "keeps the first, the stem, in float). Pass --skip-conv-layers '' to quantize every conv"
+                f"quantize.skip_conv_layers {list(skip)} keeps all of them in float (for VTA and graph pack the "
+                "default keeps the first, the stem, in float). Pass --skip-conv-layers '' to quantize every conv"
             )
         raise ModelError("quantize found no conv2d layer to quantize: no conv2d has constant weights "
                          "(weights that are inputs of the model cannot be quantized ahead of time)")

@@ -170,10 +170,24 @@ def wholly_on_cpu(cfg: PipelineConfig, target: ResolvedTarget) -> bool:
     return (cfg.pack.enabled and not cfg.quantize.enabled) or layout_mod.recipe(cfg, target).blocked
 
 
+def with_defaults(cfg: PipelineConfig, target: ResolvedTarget | None) -> PipelineConfig:
+    """`cfg` with the defaults that depend on where it runs filled in, so that the steps, the
+    run's record and its variant all see what ran: `quantize.skip_conv_layers` unset keeps the
+    stem float for VTA and graph pack (VTA cannot pack 3 input channels) and quantizes it on
+    the CPU's blocked layout (the dot product pads the 3 channels to 4: resnet18's stem, a
+    fifth of its int8 time in float, is the one conv a float stem left off the dot product)."""
+    if cfg.quantize.skip_conv_layers is not None:
+        return cfg
+    blocked = target is not None and layout_mod.recipe(cfg, target).blocked
+    return cfg.model_copy(update={"quantize": cfg.quantize.model_copy(
+        update={"skip_conv_layers": () if blocked else (0,)})})
+
+
 def prepare_model(store: ArtifactStore, cfg: PipelineConfig, upto: str = "pack",
                   target: ResolvedTarget | None = None) -> Artifact:
     """fetch -> quantize (if enabled) -> pack (if enabled) or, on a CPU `target`, the blocked
     layout (as the preset says): the network the tasks come from."""
+    cfg = with_defaults(cfg, target)
     model = fetch_step(store, cfg.model)
     if cfg.quantize.enabled and upto in ("quantize", "pack"):
         model = quantize_step(store, model, cfg.quantize, cfg.model.seed)
@@ -394,7 +408,12 @@ def build_step(store: ArtifactStore, extracted: Artifact, best: Artifact | None,
 def evaluate_key(store: ArtifactStore, built_id: str, fetched_id: str, cfg: EvalConfig, board_key: str) -> str:
     return store.key(eval_mod.STEP, version=eval_mod.VERSION,
                      inputs={"lib": built_id, "reference": fetched_id},
-                     config={"evaluate": cfg.model_dump(mode="json"), "board_key": board_key})
+                     config={"evaluate": _eval_keyed(cfg), "board_key": board_key})
+
+
+def _eval_keyed(cfg: EvalConfig) -> dict[str, Any]:
+    """The evaluation's settings that change its result (a deadline does not)."""
+    return cfg.model_dump(mode="json", exclude={"board_timeout_s"})
 
 
 def evaluate_step(store: ArtifactStore, built: Artifact, fetched: Artifact, target: ResolvedTarget,
@@ -406,13 +425,13 @@ def evaluate_step(store: ArtifactStore, built: Artifact, fetched: Artifact, targ
             built.file(build_mod.LIB), importers.load_reference(fetched.path), target.kind,
             tracker, board_key, cfg.number, cfg.repeat, cfg.rtol, cfg.atol,
             float_output=importers.load_float_reference(fetched.path), max_seconds=cfg.max_seconds,
-            min_repeat_ms=cfg.min_repeat_ms, vta=target.offload == "vta",
+            min_repeat_ms=cfg.min_repeat_ms, vta=target.offload == "vta", board_timeout_s=cfg.board_timeout_s,
         )
         (out / "evaluation.json").write_text(json.dumps(ev.to_dict(), indent=1))
         return ev.to_dict()
 
     return store.produce(eval_mod.STEP, key, compute, inputs={"lib": built.id, "reference": fetched.id},
-                         config={"evaluate": cfg.model_dump(mode="json"), "board_key": board_key})
+                         config={"evaluate": _eval_keyed(cfg), "board_key": board_key})
 
 
 # ---- after the evaluation ----------------------------------------------------------------------
@@ -440,7 +459,8 @@ def compare_runtime(cfg: PipelineConfig, target: ResolvedTarget, built: Artifact
         out = baseline.compare(built.file(build_mod.LIB), onnx_path, x, y, tracker, board_key,
                                threads or target.cpu_threads or 1, cfg.evaluate.compare_rounds,
                                cfg.evaluate.min_repeat_ms, int8_onnx=int8_onnx,
-                               float_reference=importers.load_float_reference(fetched.path))
+                               float_reference=importers.load_float_reference(fetched.path),
+                               board_timeout_s=cfg.evaluate.board_timeout_s)
     out["int8_run"] = cfg.quantize.enabled
     if int8_absent:
         out["int8_absent"] = int8_absent

@@ -22,7 +22,7 @@ VtaOpt = Annotated[bool, typer.Option("--vta", help="Quantize + pack with the re
 VtaConfigOpt = Annotated[Optional[Path], typer.Option("--vta-config", help="VTA's vta_config.json (block sizes).")]
 QuantizeOpt = Annotated[Optional[bool], typer.Option("--quantize/--no-quantize", help="int8 quantization.")]
 GlobalScaleOpt = Annotated[Optional[float], typer.Option(help="Activation bound (power of two).")]
-SkipConvOpt = Annotated[Optional[str], typer.Option(help="conv2d indices kept float, e.g. 0 or 0,5 ('' = none).")]
+SkipConvOpt = Annotated[Optional[str], typer.Option(help="conv2d indices kept float, e.g. 0 or 0,5 ('' = none). Default: the stem for VTA and graph pack, none on the CPU's blocked layout.")]
 CalibModeOpt = Annotated[Optional[str], typer.Option(help="global_scale | max | percentile")]
 CalibDataOpt = Annotated[Optional[Path], typer.Option(help=".npy/.npz calibration inputs (B,C,H,W).")]
 PackOpt = Annotated[Optional[bool], typer.Option("--pack/--no-pack", help="VTA graph pack.")]
