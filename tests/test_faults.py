@@ -490,6 +490,36 @@ def test_sigkill_of_a_run_leaves_no_process_then_the_rerun_resumes_and_marks_it_
     assert states[rerun]["state"] == "COMPLETED"
 
 
+def test_ctrl_c_stops_a_run_at_once_with_one_message_and_no_process_left(tmp_path):
+    """SIGINT to the run's process group (Ctrl-C in its terminal) mid-tuning: Prefect raised it
+    in the flow's thread only, the tuning threads went on (the process was there 120 s later)
+    and two tracebacks were printed. Now it exits within seconds, says once what is kept and
+    what to do, and its board and Prefect's server go with it."""
+    store = ArtifactStore(tmp_path / "store")
+    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"),
+               VTA_PIPELINE_BOARD_REGISTRY=str(tmp_path / "registry"))
+    cmd = [c for c in _cli(store.root, "-", "f9") if c not in ("--tracker", "-")]  # its own local board
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # a process group of its own, as a terminal's job
+    try:
+        _wait_for(lambda: any(len(v) >= 2 for v in _all_trials(store).values()), what="a measured batch")
+        children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        os.killpg(proc.pid, signal.SIGINT)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+        deadline = time.monotonic() + 15
+        while [p for p in children if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]:
+            assert time.monotonic() < deadline, "processes of the interrupted run are still running"
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGINT and took < 30, (proc.returncode, took)
+    assert err.count("SIGINT: stopping now") == 1 and "rerun the same command" in err, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+
+
 # ---- 8. two runs on one store at once ------------------------------------------------------------
 def test_two_runs_on_one_store_at_once_compute_each_step_once(tmp_path):
     store = ArtifactStore(tmp_path / "store")

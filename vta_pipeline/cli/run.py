@@ -168,6 +168,7 @@ def run(
 
         log_path = open_run_log(store_path)
         _temporary_prefect_server()
+        _exit_on_interrupt(store_path, log_path)
 
         flow = with_task_runner(tune_network, dask, cfg)  # a bad cluster fails here, before any work
         if dask:  # progress events fire in the workers: the UI's progress artifact shows them
@@ -215,6 +216,30 @@ class _tuning_progress:
     def __exit__(self, *exc):
         self.unsubscribe()
         self.bars.stop()
+
+
+def _exit_on_interrupt(store_path, log_path) -> None:
+    """Ctrl-C (SIGINT) or SIGTERM ends the run at once, with one message.
+
+    Prefect raises KeyboardInterrupt in the flow's thread only: the tuning tasks' threads went
+    on measuring (the process was still there minutes later) and two tracebacks were printed.
+    Exiting here keeps what a SIGKILL keeps, which the store is built for: every measured batch
+    is already appended and fsynced, artifacts are renamed into place only when whole, the
+    local board and Prefect's temporary server stop with this process (their watchdogs), and
+    the next run marks this one Crashed. At most the batch in flight is measured again."""
+    import signal
+    import sys
+
+    def stop(signum, _frame) -> None:
+        name = signal.Signals(signum).name
+        sys.stderr.write(f"\nvta-pipeline: {name}: stopping now. Every measured batch is kept in the store "
+                         f"{store_path}; rerun the same command to continue where this run stopped "
+                         f"(at most the batch in flight is measured again). Log: {log_path}\n")
+        sys.stderr.flush()
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
 
 
 def _prefect_env() -> None:
