@@ -29,12 +29,15 @@ def test_builtin_import_reproduces_the_framework_output(micronet):
     assert fetched.meta["param_names"] and fetched.meta["num_input"] == 1
 
 
-def _tiny_onnx(path, shape=(1, 3, 8, 8)):
+def _tiny_onnx(path, shape=(1, 3, 8, 8), external=False, poison=None):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    w = numpy_helper.from_array(rng.standard_normal((8, shape[1], 3, 3)).astype("float32"), "w")
+    wv = rng.standard_normal((8, shape[1], 3, 3)).astype("float32")
+    if poison is not None:
+        wv.flat[:3] = poison
+    w = numpy_helper.from_array(wv, "w")
     b = numpy_helper.from_array(rng.standard_normal(8).astype("float32"), "b")
     nodes = [
         helper.make_node("Conv", ["data", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
@@ -47,7 +50,11 @@ def _tiny_onnx(path, shape=(1, 3, 8, 8)):
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
-    onnx.save(model, str(path))
+    if external:
+        onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                  location=path.name + ".data", size_threshold=0)
+    else:
+        onnx.save(model, str(path))
     return path
 
 
@@ -66,6 +73,36 @@ def test_onnx_file_content_is_part_of_the_key(store, tmp_path):
     assert steps.fetch_key(store, cfg) == k1
     p.write_bytes(p.read_bytes().replace(b"tiny", b"tinx"))  # same name, new content
     assert steps.fetch_key(store, cfg) != k1
+
+
+def test_onnx_external_data_is_imported_and_its_bytes_are_part_of_the_key(store, tmp_path):
+    p = _tiny_onnx(tmp_path / "tiny.onnx", external=True)
+    data = tmp_path / "tiny.onnx.data"
+    assert data.stat().st_size >= 8 * 3 * 3 * 3 * 4  # the weights live beside the graph
+    cfg = ModelConfig(source="onnx", path=p, input_shape=(1, 3, 8, 8))
+    fetched = steps.fetch_step(store, cfg)
+    x, y = load_reference(fetched.path)
+    np.testing.assert_allclose(_run_untuned(load_module(fetched.path), x), y, rtol=1e-4, atol=1e-5)
+    k1 = steps.fetch_key(store, cfg)
+    raw = bytearray(data.read_bytes())
+    raw[0] ^= 0x40  # new weights, the .onnx file untouched
+    data.write_bytes(bytes(raw))
+    assert steps.fetch_key(store, cfg) != k1
+
+
+def test_onnx_external_data_file_missing_is_refused_before_any_work(store, tmp_path):
+    p = _tiny_onnx(tmp_path / "tiny.onnx", external=True)
+    (tmp_path / "tiny.onnx.data").unlink()
+    with pytest.raises(ModelError, match=r"tiny\.onnx\.data.*beside the \.onnx file"):
+        check_model(ModelConfig(source="onnx", path=p, input_shape=(1, 3, 8, 8)))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_weights_holding_nan_or_infinity_are_refused_at_fetch(store, tmp_path, bad):
+    p = _tiny_onnx(tmp_path / "tiny.onnx", poison=bad)
+    with pytest.raises(ModelError, match=r"1 weight tensor\(s\) hold NaN or infinity: w \(3 of 216 values\)"):
+        steps.fetch_step(store, ModelConfig(source="onnx", path=p, input_shape=(1, 3, 8, 8)))
+    assert not list((store.root / "steps").glob("fetch/*/manifest.json"))
 
 
 def test_onnx_wrong_input_shape_names_both_shapes(store, tmp_path):

@@ -62,12 +62,53 @@ def list_models(source: str) -> list[str]:
     return []
 
 
+def onnx_external_files(path: Path) -> list[Path]:
+    """The external-data files an ONNX model's tensors live in (models over 2 GB, or saved with
+    `save_as_external_data`), sorted, each checked to exist. Their bytes are the model's
+    weights as much as the .onnx file's are, so the fetch key hashes them too: a re-exported
+    weights file next to an unchanged graph is a new model."""
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - _from_onnx reports an unreadable file with its reason
+        raise ModelError(f"{path} is not a readable ONNX model: {e}") from None
+    files = set()
+    for t in _onnx_tensors(model.graph):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            location = {e.key: e.value for e in t.external_data}.get("location", "")
+            f = (path.parent / location).resolve()
+            if not location or not f.is_file():
+                raise ModelError(
+                    f"{path}: tensor {t.name!r} keeps its data in the external file {location!r}, "
+                    f"which is not in {path.parent}: put the model's data files beside the .onnx file "
+                    "(as onnx.save_model(..., save_as_external_data=True) wrote them)")
+            files.add(f)
+    return sorted(files)
+
+
+def _onnx_tensors(graph):
+    """Every tensor a graph holds: initializers and node attributes, subgraphs included."""
+    yield from graph.initializer
+    for node in graph.node:
+        for a in node.attribute:
+            if a.HasField("t"):
+                yield a.t
+            yield from a.tensors
+            if a.HasField("g"):
+                yield from _onnx_tensors(a.g)
+            for g in a.graphs:
+                yield from _onnx_tensors(g)
+
+
 def check_model(cfg: ModelConfig) -> None:
-    """Cheap validation before any expensive work: the model exists, the file is there."""
+    """Cheap validation before any expensive work: the model exists, the file and its external
+    data files are there."""
     if cfg.source == "onnx":
         p = Path(cfg.path)
         if not p.is_file():
             raise ModelError(f"ONNX file {p} does not exist: pass an existing file with --onnx-path")
+        onnx_external_files(p)
         return
     names = list_models(cfg.source)
     if cfg.name not in names:
@@ -89,7 +130,25 @@ def fetch_model(cfg: ModelConfig, out_dir: Path) -> dict[str, Any]:
         mod, params, y = _from_gluon(cfg, x, out_dir)
     else:
         mod, params, y = _from_onnx(cfg, x, Path(cfg.path))
+    _check_finite(mod, params, cfg)
     return _write(mod, params, x, y, out_dir, cfg, shape)
+
+
+def _check_finite(mod, params: list[np.ndarray], cfg: ModelConfig) -> None:
+    """Refuse weights holding NaN or infinity before anything is tuned: every output computed
+    from them is NaN too, so the build's output check would fail only after the whole budget
+    (and a NaN output compared with a NaN reference cannot tell a right kernel from a wrong one)."""
+    func = mod["main"]
+    n_in = int(func.attrs["num_input"]) if func.attrs and "num_input" in func.attrs else len(func.params) - len(params)
+    names = [str(p.name) for p in func.params][n_in:]
+    bad = [(name, int(p.size - np.isfinite(p).sum()), p.size) for name, p in zip(names, params)
+           if np.issubdtype(p.dtype, np.floating) and not np.isfinite(p).all()]
+    if bad:
+        what = ", ".join(f"{name} ({n} of {size} values)" for name, n, size in bad[:5])
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        model = cfg.path if cfg.source == "onnx" else f"{cfg.source} {cfg.name}"
+        raise ModelError(f"{model}: {len(bad)} weight tensor(s) hold NaN or infinity: {what}{more}. "
+                         "Re-export the model from a checkpoint whose weights are finite")
 
 
 def _write(mod, params: list[np.ndarray], x, y, out_dir: Path, cfg: ModelConfig, shape) -> dict[str, Any]:

@@ -96,6 +96,9 @@ def fetch_key(store: ArtifactStore, model: ModelConfig) -> str:
     inputs = {}
     if model.source == "onnx":
         inputs["onnx"] = sha256_file(Path(model.path))  # the file's content, not its name
+        external = importers.onnx_external_files(Path(model.path))
+        if external:  # only where there are some: keys of single-file models stay as they were
+            inputs["onnx_external_data"] = sha256_json({f.name: sha256_file(f) for f in external})
     return store.key(importers.STEP, version=importers.VERSION, inputs=inputs, config=model.model_dump(mode="json"))
 
 
