@@ -12,6 +12,7 @@ import pytest
 from vta_pipeline import guard, history, steps, variant
 from vta_pipeline.config import GuardConfig, MeasureConfig, ModelConfig, PipelineConfig, TuneConfig
 from vta_pipeline.extract import load_tasks
+from vta_pipeline.hashing import sha256_file
 from vta_pipeline.store import ArtifactStore
 from vta_pipeline.boards import BoardSpec
 from vta_pipeline.trial_log import read_trials
@@ -285,3 +286,31 @@ def test_a_zero_byte_or_torn_history_part_is_quarantined_with_a_warning_and_the_
     assert sum("does not open" in r.message for r in caplog.records) == 2
     assert history.read(tmp_path, history.EVALUATIONS).num_rows == 2  # and no second warning
     assert sum("does not open" in r.message for r in caplog.records) == 2
+
+
+def test_a_torn_current_library_is_copied_again_and_a_torn_current_record_reads_as_absent(tmp_path, caplog):
+    """What a power cut or a full disk leaves in current/: the guard notices, names the file, and
+    the next promotion repairs it from the store's own verified build."""
+    store = ArtifactStore(tmp_path / "store")
+    art = store.produce("build", "k", lambda out: (out / "model.so").write_bytes(b"\x7fELF" + bytes(range(256)) * 64))
+    night = dict(_run("n1", "2026-11-20", None, None, build_id=art.id))
+    keep = guard.Verdict(regressed=False, tonight_ms=1.0, best_ms=None, best_night=None, best_build_id=None,
+                         worse_pct=None, max_regression_pct=10.0)
+    cur = guard.promote(store, night, keep)
+    lib = Path(cur["lib"])
+    assert cur["lib_sha256"] == sha256_file(art.file("model.so"))
+    assert guard.read_current(store.root, "micronet", "host", "test", cur["variant"])["lib_ok"]
+    lib.write_bytes(lib.read_bytes()[:100])  # torn copy
+    with caplog.at_level("WARNING"):
+        torn = guard.read_current(store.root, "micronet", "host", "test", cur["variant"])
+    assert torn["lib_ok"] is False and str(lib) in caplog.text and "SHA-256" in caplog.text
+    again = guard.promote(store, dict(night, run_id="n2"), keep)  # the same build: copied again all the same
+    assert lib.read_bytes() == art.file("model.so").read_bytes() and again["lib_sha256"] == cur["lib_sha256"]
+    record = guard.current_path(store.root, "micronet", "host", "test", cur["variant"])
+    record.write_text(record.read_text()[:40])  # torn record
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert guard.read_current(store.root, "micronet", "host", "test", cur["variant"]) is None
+    assert str(record) in caplog.text
+    assert guard.promote(store, dict(night, run_id="n3"), keep)["build_id"] == art.id
+    assert guard.read_current(store.root, "micronet", "host", "test", cur["variant"])["lib_ok"]

@@ -20,6 +20,7 @@ TVM upgrade, an unlucky search) must not replace a good build. After each run:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -32,7 +33,10 @@ from typing import Any
 import pyarrow.compute as pc
 
 from . import history, variant
-from .store import ArtifactStore, atomic_write_text
+from .hashing import sha256_file
+from .store import ArtifactStore, atomic_write_text, fsync_dir
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -115,9 +119,27 @@ def current_path(store_root: Path, model: str, target: str, key: str, variant_: 
 
 
 def read_current(store_root: Path, model: str, target: str, key: str, variant_: str) -> dict[str, Any] | None:
-    """The current build of a model's variant (`variant.of(config)`, or a result's `variant`)."""
+    """The current build of a model's variant (`variant.of(config)`, or a result's `variant`).
+
+    Its copy of `model.so` is checked against the SHA-256 recorded when it was promoted:
+    `lib_ok` is False (with a warning naming the file) where a power cut or a full disk left
+    it torn, and the next `promote` copies it again from the store. A record that does not
+    parse is named in a warning and read as absent; the next `promote` writes it anew."""
     p = current_path(store_root, model, target, key, variant_)
-    return json.loads(p.read_text()) if p.exists() else None
+    if not p.exists():
+        return None
+    try:
+        cur = json.loads(p.read_text())
+    except ValueError:
+        log.warning("current build record %s does not parse (torn by a power cut or a full disk?): "
+                    "read as absent; the next night's promotion rewrites it", p)
+        return None
+    want, lib = cur.get("lib_sha256"), Path(cur.get("lib", p.with_suffix(".so")))
+    cur["lib_ok"] = lib.is_file() and (want is None or sha256_file(lib) == want)
+    if not cur["lib_ok"]:
+        log.warning("the current build's library %s is missing or not the one promoted (SHA-256 differs): "
+                    "the next promotion copies it again from %s", lib, cur.get("artifact"))
+    return cur
 
 
 def promote(store: ArtifactStore, result: dict[str, Any], verdict: Verdict) -> dict[str, Any]:
@@ -135,15 +157,19 @@ def promote(store: ArtifactStore, result: dict[str, Any], verdict: Verdict) -> d
         return now or {}
     p = current_path(store.root, model, target, key, var)
     lib = p.with_suffix(".so")
-    if now is None or now.get("build_id") != build_id:
+    if now is None or now.get("build_id") != build_id or not now.get("lib_ok") or "lib_sha256" not in now:
         # a copy of its own per run: two runs promoting the same build at once shared one
         # ".so.tmp", and the second's rename found it gone (FileNotFoundError)
         p.parent.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(dir=p.parent, prefix=f"{lib.name}.", suffix=".tmp")
         os.close(fd)
         shutil.copy2(art.file("model.so"), name)
+        with open(name, "rb") as f:  # on disk before the rename names it
+            os.fsync(f.fileno())
         Path(name).replace(lib)
+        fsync_dir(lib.parent)
     cur = {"model": model, "variant": var, "target": target, "board_key": key, "build_id": build_id, "night": night,
-           "tuned_ms": ms, "lib": str(lib), "artifact": str(art.path), "why": why, "run_id": result["run_id"]}
+           "tuned_ms": ms, "lib": str(lib), "lib_sha256": sha256_file(lib), "artifact": str(art.path), "why": why,
+           "run_id": result["run_id"]}
     atomic_write_text(p, json.dumps(cur, indent=1))
     return cur

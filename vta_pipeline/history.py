@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from filelock import FileLock
 
 from . import variant, workload_keys
-from .trial_log import fsync_dir
+from .store import fsync_dir
 
 MEASUREMENTS = "measurements"
 EVALUATIONS = "evaluations"

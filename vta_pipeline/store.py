@@ -290,8 +290,18 @@ class ArtifactStore:
         return out
 
 
+def fsync_dir(d: Path) -> None:
+    """A new or renamed file's directory entry on disk too (a power cut can lose an unsynced one)."""
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write a file so readers see the old or the new content, never a mix."""
+    """Write a file so readers see the old or the new content, never a mix, even across a
+    power cut (the data is on disk before the rename, the rename before this returns)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -303,3 +313,4 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)

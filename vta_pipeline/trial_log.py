@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .store import atomic_write_text
+from .store import atomic_write_text, fsync_dir
 
 FAILED = 1e10  # what MetaSchedule stores as the latency (s) of a failed measurement
 TRIALS = "trials.jsonl"
@@ -113,15 +113,6 @@ def append_trials(work_dir: Path, rows: list[dict[str, Any]]) -> None:
         os.fsync(f.fileno())
     if new:
         fsync_dir(path.parent)
-
-
-def fsync_dir(d: Path) -> None:
-    """A new or renamed file's directory entry on disk too (a power cut can lose an unsynced one)."""
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_state(work_dir: Path, **state: Any) -> None:
