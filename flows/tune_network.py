@@ -33,7 +33,7 @@ from tasks.deploy import build, compare_runtime, evaluate
 from tasks.history import record_history, regression_guard
 from tasks.model import extract_tasks, fetch_model, layout_model, pack_model, quantize_model
 from tasks.tune import pick_best, tune_task, tune_vta_task
-from vta_pipeline import boards, history, report, steps
+from vta_pipeline import boards, history, report, steps, store_gc
 from vta_pipeline import cpu_layout
 from vta_pipeline.config import PipelineConfig, parse_hostport
 from vta_pipeline.extract import load_tasks, select_tasks
@@ -66,6 +66,7 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
     steps.check_target(cfg, target)
     steps.check_local_board(cfg, target)
     check_model(cfg.model)
+    store_gc.check_free_space(cfg.store, cfg.min_free_gib)
     store = ArtifactStore(cfg.store, CachePolicy(cache))
     run_id = str(flow_run.get_id() or f"local-{int(t0)}")
     try:  # runs of this store that a killed process left "Running" in the UI

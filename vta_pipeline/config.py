@@ -352,6 +352,10 @@ class PipelineConfig(_Strict):
     vta: VTAConfig = VTAConfig()
     guard: GuardConfig = GuardConfig()
     store: Path = Field(Path("vta-store"), description="Artifact store directory.")
+    min_free_gib: float = Field(
+        1.0, ge=0,
+        description="Free space (GiB) the store's filesystem must have when a run starts; below it the run stops "
+                    "at once and says to run `vta-pipeline store gc` (0 turns the check off).")
 
 
 def parse_hostport(s: str) -> tuple[str, int]:

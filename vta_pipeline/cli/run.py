@@ -157,6 +157,9 @@ def run(
         steps.check_local_board(cfg, tgt)
         check_model(cfg.model)
         store_path = check_store_path(cfg.store)
+        from vta_pipeline import store_gc
+
+        store_gc.check_free_space(store_path, cfg.min_free_gib)  # before Prefect starts
         if cfg.board.tracker:  # a remote tracker: fail now, before Prefect starts, if it is down
             from vta_pipeline import boards
 
@@ -177,7 +180,13 @@ def run(
         else:
             with _tuning_progress():
                 state = tune_network(cfg.model_dump(mode="json"), cache=cache, return_state=True)
-        result = state.result()
+        try:
+            result = state.result()
+        except Exception as e:
+            full = store_gc.disk_full(e)
+            if full is None:
+                raise
+            raise store_gc.StoreFull(store_gc.disk_full_message(store_path, full)) from None
         from vta_pipeline.report import render
 
         typer.echo(render(result))
