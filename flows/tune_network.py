@@ -80,7 +80,11 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
         ended = "Completed"
         return result
     finally:
-        crashed_runs.record_end(store, run_id, ended)
+        try:
+            crashed_runs.record_end(store, run_id, ended)
+        except OSError as e:  # a full disk: the run's own error (raised on) says what to do
+            logger.warning("could not record the end of run %s in the store's events (%s): the next run marks it "
+                           "Crashed", run_id, e)
 
 
 def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str, stop_after: str | None,

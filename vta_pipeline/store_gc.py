@@ -236,7 +236,7 @@ def disk_full(exc: BaseException) -> OSError | str | None:
 
 def disk_full_message(store_root: Path, err: OSError | str) -> str:
     """What a run that hit a full disk says: one line, naming the fix."""
-    where = f"{err.filename}: {os.strerror(err.errno)}" if isinstance(err, OSError) else err
+    where = f"{err.filename or store_root}: {os.strerror(err.errno)}" if isinstance(err, OSError) else err
     return (f"the disk is full ({where}). Every batch measured before it is kept in the store {store_root}: "
             f"free space (`vta-pipeline store gc --store {store_root}` drops old builds, logs and leftovers) "
             "and rerun the same command to continue")
