@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from vta_pipeline import steps
-from vta_pipeline.boards import BoardSpec, LocalBoard, count_servers, health_check
+from vta_pipeline.boards import BoardSpec, LocalBoard, count_servers, free_port, health_check
 from vta_pipeline.config import MeasureConfig, ModelConfig, TuneConfig, build_config
 from vta_pipeline.errors import BoardError
 from vta_pipeline.extract import load_tasks
@@ -214,6 +214,41 @@ def test_a_stalled_tracker_with_a_full_accept_queue_is_waited_for_not_reported_d
         t0 = time.monotonic()
         count_servers(b.host, b.port, "stall")
     assert time.monotonic() - t0 < 5
+
+
+def test_a_board_registers_again_by_itself_after_its_tracker_was_gone_for_90_s():
+    """TVM's rpc_server gives up on a tracker unreachable for 60 s: its listening thread ends,
+    its process stays, and it is registered nowhere until someone restarts it (the plain server
+    below shows it). Ours (`vta_pipeline.board_server`, what `board up`, the local boards and
+    `board serve` run) is replaced once the tracker is back, and serves sessions again."""
+    from vta_pipeline import board_server
+
+    with LocalBoard(key="outage", num_servers=1) as b:
+        b._spawn(["tvm.exec.rpc_server", "--tracker", b.tracker, "--key", "plain", "--host", b.host,
+                  "--port", str(free_port()), "--port-end", "65000"], "plain")
+        _wait_for(lambda: count_servers(b.host, b.port, "plain") == 1, 120, "the plain server to register")
+        tracker_args = ["tvm.exec.rpc_tracker", "--host", b.host, "--port", str(b.port), "--port-end",
+                        str(b.port + 1)]
+        _kill(b.procs[0])
+        b.procs[0].wait(10)
+        time.sleep(90)
+        b._spawn(tracker_args, "tracker-again")
+        t0 = time.monotonic()
+        _wait_for(lambda: _count_or_zero(b, "outage") == 1,
+                  board_server.UNLISTED_S + 3 * board_server.CHECK_S + 60, "our board to register again")
+        took = time.monotonic() - t0
+        assert took < board_server.UNLISTED_S + 3 * board_server.CHECK_S + 30, took
+        assert count_servers(b.host, b.port, "plain") == 0  # TVM's own: up, and registered nowhere
+        assert health_check(b.host, b.port, "outage", {"kind": "llvm"}) > 0  # and ours serves sessions
+        log = b.logs[1].read_text()
+        assert "replacing the RPC server under key 'outage'" in log and "after an outage" in log
+
+
+def _count_or_zero(b, key):
+    try:
+        return count_servers(b.host, b.port, key)
+    except BoardError:
+        return 0
 
 
 def _listeners(port: int) -> set[int]:

@@ -175,7 +175,7 @@ class LocalBoard:
     registry: Path | None = None
     threads: int | None = None
     # the server program: TVM's, or one that registers more functions (the VTA simulator board's)
-    server_module: str = "tvm.exec.rpc_server"
+    server_module: str = "vta_pipeline.board_server"
     procs: list[subprocess.Popen] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
 

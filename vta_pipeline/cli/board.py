@@ -1,6 +1,7 @@
 """`vta-pipeline board up | status | down`: a local board, an RPC tracker and rpc_server
 processes on this machine, started in the background and recorded in BOARD_STATE
-($VTA_PIPELINE_BOARD_STATE, default ~/.vta-pipeline/board.json) for `status` and `down`."""
+($VTA_PIPELINE_BOARD_STATE, default ~/.vta-pipeline/board.json) for `status` and `down`;
+`board serve`: this machine as one board of a rack, registered with a remote tracker."""
 
 from __future__ import annotations
 
@@ -42,12 +43,36 @@ def board_up(
     if BOARD_STATE.exists():
         _fail(f"a local board is already recorded in {BOARD_STATE}: run `vta-pipeline board down` first")
     key = key or ("vta-sim" if vta_sim else "host")
-    module = "vta_pipeline.vta.rpc_server" if vta_sim else "tvm.exec.rpc_server"
+    module = "vta_pipeline.vta.rpc_server" if vta_sim else "vta_pipeline.board_server"
     b = _guard(lambda: LocalBoard(key=key, num_servers=servers, host=host, port=port, state_file=BOARD_STATE,
                                   detached=True, threads=threads, server_module=module).start())
     kind = "VTA simulator " if vta_sim else ""
     typer.echo(f"tracker {b.tracker}, {servers} {kind}server(s) under key {key!r}, {b.threads} thread(s) each; "
                f"use --tracker {b.tracker} --key {key}")
+
+
+@board_app.command("serve")
+def board_serve(
+    tracker: Annotated[str, typer.Option(help="HOST:PORT of the rack's RPC tracker.")],
+    key: Annotated[str, typer.Option(help="Key this board registers under (the boards of one kind share one).")],
+    host: Annotated[str, typer.Option(help="Address to listen on for sessions (0.0.0.0: every interface).")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="First port to try for sessions.")] = 9090,
+    custom_addr: Annotated[Optional[str], typer.Option(
+        help="The address the tracker hands out for this board (where clients cannot reach the one it sees).")] = None,
+):
+    """Serve this machine as a board of the rack, in the foreground, until Ctrl-C or SIGTERM;
+    re-registers by itself after a tracker outage of any length (vta_pipeline.board_server)."""
+    from vta_pipeline.board_server import main
+    from vta_pipeline.config import board_key_problem, parse_hostport
+
+    if board_key_problem(key):
+        _fail(board_key_problem(key))
+    try:
+        parse_hostport(tracker)
+    except ValueError as e:
+        _fail(str(e))
+    main(["--tracker", tracker, "--key", key, "--host", host, "--port", str(port), "--port-end", str(port + 100),
+          *(["--custom-addr", custom_addr] if custom_addr else [])])
 
 
 @board_app.command("status")
