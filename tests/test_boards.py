@@ -176,3 +176,27 @@ def test_servers_started_together_search_for_their_ports_from_different_first_po
             assert int(cmd[cmd.index("--port-end") + 1]) > firsts[-1]
         assert len(set(firsts)) == 3, firsts
         assert boards.count_servers("127.0.0.1", b.port, "ports") == 3
+
+
+def test_board_down_never_signals_a_process_that_took_a_recorded_pid(tmp_path):
+    """A state file outlives a reboot; its pids may name other programs since. `board down`
+    signals a recorded pid only while it is the process recorded (pid and start time), and in
+    an older state file without start times only one that runs a board program."""
+    from vta_pipeline.boards import stop_from_state
+    from vta_pipeline.liveness import identity
+
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        other_start = dict(identity(bystander.pid), start=identity(bystander.pid)["start"] - 1000.0)
+        for state in ({"tracker": "127.0.0.1:1", "key": "k", "pids": [bystander.pid], "procs": [other_start]},
+                      {"tracker": "127.0.0.1:1", "key": "k", "pids": [bystander.pid]}):
+            f = tmp_path / "board.json"
+            f.write_text(json.dumps(state))
+            assert stop_from_state(f)["key"] == "k" and not f.exists()
+            assert bystander.poll() is None  # still running: not ours to stop
+        f.write_text(json.dumps({"tracker": "127.0.0.1:1", "key": "k", "pids": [bystander.pid],
+                                 "procs": [identity(bystander.pid)]}))
+        stop_from_state(f)  # the very process recorded: stopped
+        assert bystander.wait(10) is not None
+    finally:
+        bystander.kill()

@@ -358,9 +358,9 @@ class LocalBoard:
     def _save(self) -> None:
         if self.state_file:
             self.state_file.parent.mkdir(parents=True, exist_ok=True)
-            self.state_file.write_text(
-                json.dumps({"tracker": self.tracker, "key": self.key, "pids": [p.pid for p in self.procs]})
-            )
+            self.state_file.write_text(json.dumps({
+                "tracker": self.tracker, "key": self.key, "pids": [p.pid for p in self.procs],
+                "procs": [identity(p.pid) for p in self.procs]}))
 
     def __enter__(self) -> LocalBoard:
         return self.start()
@@ -469,16 +469,41 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
+BOARD_PROGRAMS = ("rpc_tracker", "rpc_server", "board_server", "vta_pipeline.watchdog")
+
+
+def _still_ours(state: dict[str, Any]) -> list[int]:
+    """The recorded pids that are still the processes `board up` started: same pid and start
+    time (a pid the kernel gave to another program since, after a reboot say, is never
+    signalled). State files from before the start times were recorded: a pid whose command
+    line runs one of the board's programs."""
+    if "procs" in state:
+        return [int(i["pid"]) for i in state["procs"] if i.get("start") is not None and alive(i)]
+    import psutil
+
+    ours = []
+    for pid in state.get("pids", []):
+        try:
+            cmd = " ".join(psutil.Process(int(pid)).cmdline())
+        except psutil.Error:
+            continue
+        if any(prog in cmd for prog in BOARD_PROGRAMS):
+            ours.append(int(pid))
+    return ours
+
+
 def stop_from_state(state_file: Path) -> dict[str, Any] | None:
-    """`board down`: stop the processes a detached `board up` recorded."""
+    """`board down`: stop the processes a detached `board up` recorded, those still running."""
     if not state_file.exists():
         return None
     state = json.loads(state_file.read_text())
-    for pid in reversed(state["pids"]):
+    pids = _still_ours(state)
+    for pid in reversed(pids):
         _terminate(pid)
     time.sleep(1.0)
-    for pid in state["pids"]:
-        _terminate(pid, signal.SIGKILL)
+    for pid in pids:
+        if _group_alive(pid):
+            _terminate(pid, signal.SIGKILL)
     state_file.unlink()
     return state
 
