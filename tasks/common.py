@@ -40,8 +40,11 @@ def store_cache_key(key_fn: KeyFn):
             return None
         where = hashlib.sha256(str(store.root).encode()).hexdigest()[:8]
         prefect_key = f"{step}-{key}-{where}"
+        record = results_dir(str(store.root)) / prefect_key
         if store.lookup(step, key) is None:
-            (results_dir(str(store.root)) / prefect_key).unlink(missing_ok=True)
+            record.unlink(missing_ok=True)
+        else:
+            vet_record(record)
         return prefect_key
 
     return cache_key
@@ -88,6 +91,48 @@ RETRY = retry_settings()
 
 # Results are small JSON refs; JSON (not pickle) so reading a result never runs code.
 RESULTS = {"persist_result": True, "result_serializer": "json"}
+
+_JSON_SERIALIZER = {"type": "json", "jsonlib": "json",
+                    "object_encoder": "prefect.serializers.prefect_json_object_encoder",
+                    "object_decoder": "prefect.serializers.prefect_json_object_decoder"}
+_TYPED = ("__class__", "__exc_type__")
+
+
+def _typed(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(k in value for k in _TYPED) or any(_typed(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_typed(v) for v in value)
+    return False
+
+
+def vet_record(record: Path) -> bool:
+    """Whether Prefect may read this cached result record; one it may not is removed (the task
+    then runs and takes its artifact from the store, verified).
+
+    A record names its own serializer, and Prefect honours it: a record edited to say
+    "pickle" runs code when read, and even the JSON decoder imports and constructs any class
+    a `__class__` or `__exc_type__` key names. Ours are JSON refs (paths and ids, plain
+    dicts): anything else in the store's result storage was not written by these tasks."""
+    if not record.exists():
+        return True
+    import json
+    import logging
+
+    try:
+        rec = json.loads(record.read_text())
+        meta = rec["metadata"]
+        ser = meta["serializer"]
+        ok = (all(ser.get(k) == v for k, v in _JSON_SERIALIZER.items()) and meta.get("storage_block_id") is None
+              and isinstance(rec["result"], str) and not _typed(json.loads(rec["result"])))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        ok = False
+    if not ok:
+        logging.getLogger("vta_pipeline").warning(
+            "cached result record %s is not a plain JSON ref as these tasks write them (a serializer or a typed "
+            "value that would run code when read): removed unread; the step's artifact comes from the store", record)
+        record.unlink(missing_ok=True)
+    return ok
 
 
 def results_dir(store_root: str) -> Path:

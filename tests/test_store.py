@@ -100,3 +100,48 @@ def test_cache_policies(tmp_path):
     assert len(calls) == 2
     with pytest.raises(FileNotFoundError, match="readonly"):
         ArtifactStore(tmp_path, CachePolicy.READONLY).produce("s", "other", _writer(calls))
+
+
+def test_a_cached_result_record_that_would_run_code_when_read_is_removed_unread(prefect_harness, tmp_path, caplog):
+    """Prefect honours the serializer a record names: a record edited to say "pickle" ran its
+    payload when the next run read it. The cache key function vets the record first."""
+    import base64
+    import json
+    import pickle
+    from pathlib import Path
+
+    from prefect import flow
+
+    from tasks.common import results_dir
+    from tasks.model import fetch_model
+
+    marker = tmp_path / "payload-ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    @flow
+    def fetch_twice(root: str):
+        fetch = fetch_model.with_options(result_storage=results_dir(root))  # as the flows do
+        return fetch(root, {"source": "builtin", "name": "micronet", "input_shape": [1, 3, 16, 16]})
+
+    root = str(tmp_path / "store")
+    first = fetch_twice(root)
+    (record,) = [p for p in results_dir(root).iterdir() if p.name.startswith("fetch-")]
+    rec = json.loads(record.read_text())
+    assert rec["metadata"]["serializer"]["type"] == "json"  # what the tasks write: JSON refs
+    rec["metadata"]["serializer"] = {"type": "pickle", "picklelib": "pickle", "picklelib_version": None}
+    rec["result"] = base64.encodebytes(pickle.dumps(Payload())).decode()
+    record.write_text(json.dumps(rec))
+    import logging
+
+    logging.getLogger("vta_pipeline").addHandler(caplog.handler)  # it may not propagate under Prefect
+    try:
+        again = fetch_twice(root)
+    finally:
+        logging.getLogger("vta_pipeline").removeHandler(caplog.handler)
+    assert not marker.exists()
+    assert again == first  # the step's verified artifact, from the store
+    assert "removed unread" in caplog.text and str(record) in caplog.text
+    assert json.loads(record.read_text())["metadata"]["serializer"]["type"] == "json"  # written anew
