@@ -145,3 +145,38 @@ def test_a_cached_result_record_that_would_run_code_when_read_is_removed_unread(
     assert again == first  # the step's verified artifact, from the store
     assert "removed unread" in caplog.text and str(record) in caplog.text
     assert json.loads(record.read_text())["metadata"]["serializer"]["type"] == "json"  # written anew
+
+
+@pytest.mark.parametrize("name", ["state.json", "default.json", "retimed.json", "warm_start.json",
+                                  "library_seeds.json"])
+def test_a_torn_work_dir_note_is_set_aside_with_a_warning_and_derived_again(tmp_path, caplog, name):
+    """What a power cut or a full disk can leave of a tuning work dir's notes: each reader takes it
+    for absent (the trial log and the board give it again), names it, and keeps it for a look."""
+    from vta_pipeline import retime, trial_log
+    from vta_pipeline.store import read_json
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / name).write_text('{"status": "tuni')  # torn mid-write
+    with caplog.at_level("WARNING"):
+        if name == "state.json":
+            assert trial_log.read_state(work) == {}
+        elif name == "default.json":
+            assert trial_log.read_default_ms(work) is None
+        elif name == "retimed.json":
+            assert retime.current(work) is None
+        else:  # what tuning's and the task database's readers of these two call
+            assert read_json(work / name, {}) == {}
+    assert not (work / name).exists() and (work / f"{name}.corrupt").read_text() == '{"status": "tuni'
+    assert name in caplog.text and "does not parse" in caplog.text
+
+
+def test_report_names_a_torn_run_result_and_lists_the_others(tmp_path, caplog):
+    from vta_pipeline.report import load_results, save_result
+
+    store = ArtifactStore(tmp_path / "store")
+    save_result(store, {"run_id": "good", "finished": 1.0})
+    (store.root / "runs" / "torn.json").write_text('{"run_id": "to')
+    with caplog.at_level("WARNING"):
+        assert [r["run_id"] for r in load_results(store)] == ["good"]
+    assert "torn.json" in caplog.text

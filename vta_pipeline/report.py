@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -15,6 +16,8 @@ from typing import Any, Callable
 from . import variant
 from .records import keeps_default
 from .store import ArtifactStore, atomic_write_text
+
+log = logging.getLogger(__name__)
 
 
 def task_results(tasks: list[Any], refs: dict[str, Any], first_refs: dict[str, Any],
@@ -71,7 +74,8 @@ def load_results(store: ArtifactStore) -> list[dict[str, Any]]:
     for p in sorted((store.root / "runs").glob("*.json")):
         try:
             out.append(json.loads(p.read_text()))
-        except ValueError:
+        except ValueError as e:  # torn or edited: named, the other runs listed
+            log.warning("run result %s does not parse (%s): left out of the report", p, str(e)[:120])
             continue
     return sorted(out, key=lambda r: r.get("finished", 0))
 

@@ -43,7 +43,7 @@ from typing import Any
 from . import pools
 from .boards import BoardSpec
 from .config import MeasureConfig
-from .store import atomic_write_text
+from .store import atomic_write_text, read_json
 from .task_database import open_database, plain_json
 from .trial_log import fastest_secs, mean_secs
 
@@ -62,11 +62,8 @@ def record_count(db_dir: Path) -> int:
 
 def current(db_dir: Path) -> dict[str, Any] | None:
     """The directory's `retimed.json`, when it re-timed the records the directory holds now."""
-    p = Path(db_dir) / RETIMED
-    if not p.exists():
-        return None
-    retimed = json.loads(p.read_text())
-    return retimed if retimed["records"] == record_count(db_dir) else None
+    retimed = read_json(Path(db_dir) / RETIMED)  # torn: re-timed again
+    return retimed if retimed and retimed.get("records") == record_count(db_dir) else None
 
 
 def can_flush(target) -> bool:

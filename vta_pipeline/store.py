@@ -290,6 +290,30 @@ class ArtifactStore:
         return out
 
 
+def read_json(path: Path, default: Any = None) -> Any:
+    """A JSON file the store keeps, or `default` where there is none. One that does not parse
+    (torn by a power cut, edited, a full disk) is moved aside to `<name>.corrupt` with a warning
+    naming it, and `default` is returned: every such file (a work dir's state, default, warm
+    start and re-time notes) holds what its reader can derive again from the trial log or
+    the board, so the night goes on instead of failing over it."""
+    import logging
+
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return default
+    except (ValueError, UnicodeDecodeError) as e:
+        aside = path.with_name(path.name + ".corrupt")
+        try:
+            os.replace(path, aside)
+        except FileNotFoundError:  # another reader moved it first
+            pass
+        logging.getLogger(__name__).warning("%s does not parse (%s): moved to %s; what it held is derived again",
+                                            path, str(e).splitlines()[0][:120], aside)
+        return default
+
+
 def fsync_dir(d: Path) -> None:
     """A new or renamed file's directory entry on disk too (a power cut can lose an unsynced one)."""
     fd = os.open(d, os.O_RDONLY)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import int8_dot
-from .store import atomic_write_text
+from .store import atomic_write_text, read_json
 from .trial_log import read_trials
 from .workload_keys import HASH_MASK  # schedule hashes as unsigned 64-bit, as the trial log writes them
 
@@ -215,7 +215,7 @@ def known_hashes(db, workload_mod, work_dir: Path) -> set[int]:
     out = {int(r["schedule_hash"], 16) for r in read_trials(work_dir) if r.get("schedule_hash")}
     warm = Path(work_dir) / "warm_start.json"
     if warm.exists():  # the seeds as they were measured in their own sessions
-        out |= {int(h, 16) for h in json.loads(warm.read_text()).get("schedule_hashes", []) if h}
+        out |= {int(h, 16) for h in (read_json(warm, {}) or {}).get("schedule_hashes", []) if h}
     for rec in _records(db):
         try:
             sch = Schedule(workload_mod)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .store import atomic_write_text, fsync_dir
+from .store import atomic_write_text, fsync_dir, read_json
 
 FAILED = 1e10  # what MetaSchedule stores as the latency (s) of a failed measurement
 TRIALS = "trials.jsonl"
@@ -120,8 +120,8 @@ def write_state(work_dir: Path, **state: Any) -> None:
 
 
 def read_state(work_dir: Path) -> dict[str, Any]:
-    p = Path(work_dir) / "state.json"
-    return json.loads(p.read_text()) if p.exists() else {}
+    """The task's state note; a torn one reads as none (the trial log says how far it got)."""
+    return read_json(Path(work_dir) / "state.json", {}) or {}
 
 
 def _secs(run_secs) -> list[float]:
@@ -183,8 +183,5 @@ def last_threads(work_dir: Path) -> int | None:
 
 def read_default_ms(work_dir: Path) -> float | None:
     """The task's default (untuned) lowering as measured on the board, once per work dir."""
-    p = Path(work_dir) / "default.json"
-    if not p.exists():
-        return None
-    secs = json.loads(p.read_text()).get("seconds")
+    secs = (read_json(Path(work_dir) / "default.json", {}) or {}).get("seconds")
     return secs * 1e3 if secs is not None else None

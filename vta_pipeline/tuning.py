@@ -39,7 +39,7 @@ from .cost_model import lease as lease_cost_model
 from .errors import BoardError
 from .progress import publish
 from .search_hooks import make_guarded_search, make_log_callback
-from .store import atomic_write_text
+from .store import atomic_write_text, read_json
 from .task_database import known_hashes, open_database, repair_database, seed_database
 from .trial_log import (FAILED, history, last_threads, mean_secs, read_default_ms, read_state, read_trials,
                         write_state)
@@ -330,12 +330,12 @@ def library_candidates(work_dir: Path, workload_mod) -> list:
     from tvm.s_tir import Schedule
     from tvm.s_tir import meta_schedule as ms
 
-    path = work_dir / LIBRARY_SEEDS
-    if not path.exists():
+    seeds = read_json(work_dir / LIBRARY_SEEDS)
+    if not seeds:
         return []
     workload = ms.database.Workload(workload_mod)
     out = []
-    for js in json.loads(path.read_text())["records"]:
+    for js in seeds.get("records", []):
         try:
             rec = ms.database.TuningRecord.from_json(js, workload)
             sch = Schedule(workload_mod)
@@ -527,7 +527,7 @@ def _outcome(work_dir: Path, task_name: str, workload_hash: str, flops: float, s
         if reached is None and previous_best_ms is not None and b * 1e3 <= previous_best_ms:
             reached = i
     valid = sum(v < FAILED for v in lats)
-    warm = json.loads((work_dir / "warm_start.json").read_text()) if (work_dir / "warm_start.json").exists() else {}
+    warm = read_json(work_dir / "warm_start.json", {}) or {}
     seeded_best = warm.get("previous_best_ms") if warm.get("seeded") else None
     # The session's database holds its seeds too, and the build takes its best record: report that.
     best_ms = min([x for x in (session_best * 1e3 if session_best < FAILED else None, seeded_best) if x is not None],
@@ -632,7 +632,7 @@ def _note_tensorize_failures(work_dir: Path, task_name: str, failures: int8_dot.
     """Once per task (not once per candidate): how many candidates kept plain loops because the
     dot-product intrinsic did not fit their block, and why the first did; kept in the work dir."""
     path = Path(work_dir) / "tensorize_failures.json"
-    before = json.loads(path.read_text()) if path.exists() else {"candidates": 0, "first_error": None}
+    before = read_json(path) or {"candidates": 0, "first_error": None}
     total = before["candidates"] + failures.count
     atomic_write_text(path, json.dumps({"candidates": total, "first_error": before["first_error"] or failures.first}))
     details.info("task %s: %d candidate(s) kept plain int8 loops: the dot-product intrinsic did not fit "
