@@ -234,9 +234,8 @@ def _exit_on_interrupt(store_path, log_path) -> None:
     on measuring (the process was still there minutes later) and two tracebacks were printed.
     Exiting here keeps what a SIGKILL keeps, which the store is built for: every measured batch
     is already appended and fsynced, artifacts are renamed into place only when whole, the
-    local board and Prefect's temporary server stop with this process (their watchdogs). At
-    most the batch in flight is measured again. Before it exits, the run and its unfinished
-    task runs are set Cancelled (given up on after 5 s: then the next run marks them Crashed)."""
+    local board and Prefect's temporary server stop with this process (their watchdogs), and
+    the next run marks this one Crashed. At most the batch in flight is measured again."""
     import signal
     import sys
 
@@ -246,12 +245,6 @@ def _exit_on_interrupt(store_path, log_path) -> None:
                          f"{store_path}; rerun the same command to continue where this run stopped "
                          f"(at most the batch in flight is measured again). Log: {log_path}\n")
         sys.stderr.flush()
-        try:  # the UI shows the run Cancelled, not Running until the next run marks it Crashed
-            from tasks.crashed_runs import mark_interrupted_cancelled
-
-            mark_interrupted_cancelled(store_path, f"{name} to the run's process")
-        except Exception:  # noqa: BLE001 - stopping matters more; the next run marks it Crashed
-            pass
         os._exit(128 + signum)
 
     signal.signal(signal.SIGINT, stop)
