@@ -1,5 +1,7 @@
-"""Flow `tune_network`: fetch -> extract -> tune (one task run per task) -> pick best ->
-build -> upload + evaluate, untuned and tuned, then the result table.
+"""Flow `tune_network`: fetch -> extract -> build + upload + evaluate untuned -> tune (one
+task run per task) -> pick best -> build + upload + evaluate tuned, then the result table.
+The untuned network runs on the board before any tuning, so a network that cannot build or
+run fails in minutes, not after the budget.
 
 The int8 steps (quantize, graph pack) slot in between fetch and extract: each takes the
 previous network artifact's ref and returns a new one, which extract consumes.
@@ -160,6 +162,12 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
         logger.info("%d tuning task(s): %s", len(tasks), ", ".join(t.name for t in tasks))
         if stop_after == "extract":
             return {"tasks": [t.to_dict() for t in tasks]}
+        # The untuned network is built and run on the board before any tuning: a network that
+        # cannot build, or a board that cannot run it or computes it wrong, fails the run in
+        # minutes instead of after the whole tuning budget.
+        ev_cfg = cfg.evaluate.model_dump(mode="json")
+        untuned_lib = build_(root, extracted, None, tspec, "untuned", cache)
+        ev_untuned = evaluate_(root, untuned_lib, model, tspec, tracker, key, ev_cfg, "untuned", cache)
 
         # One task run per tuning task, at most one per board in flight (tuning_rounds); a
         # task alone measures on several boards at once when there are more boards than tasks.
@@ -191,12 +199,9 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
         if stop_after == "tune":
             return {"best": best}
 
-        untuned_lib = build_(root, extracted, None, tspec, "untuned", cache)
         tuned_lib = build_(root, extracted, best, tspec, "tuned", cache, vta_refs or None)
         if stop_after == "build":
             return {"untuned": untuned_lib, "tuned": tuned_lib}
-        ev_cfg = cfg.evaluate.model_dump(mode="json")
-        ev_untuned = evaluate_(root, untuned_lib, model, tspec, tracker, key, ev_cfg, "untuned", cache)
         ev_tuned = evaluate_(root, tuned_lib, model, tspec, tracker, key, ev_cfg, "tuned", cache)
         baseline = compare_runtime.with_options(**retry)(root, cfg.model_dump(mode="json"), tspec, tuned_lib, fetched,
                                                          tracker, key, board_threads, cache)

@@ -121,9 +121,9 @@ def test_changed_model_recomputes_from_the_import(prefect_harness, board, tmp_pa
 
 
 def test_board_lost_before_upload_then_rerun_resumes_at_evaluate(tmp_path):
-    """Kill the boards while the network builds; the run fails in evaluate. After the
-    boards come back, the rerun computes only the evaluation: the earlier steps' bodies
-    never run again."""
+    """Kill the boards while the tuned network builds; the run fails in its evaluation. After
+    the boards come back, the rerun computes only that evaluation: the earlier steps' bodies
+    (the untuned network's evaluation, before tuning, among them) never run again."""
     store = ArtifactStore(tmp_path / "store")
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), VTA_PIPELINE_BOARD_RETRIES="0")
     with LocalBoard(key="flaky", num_servers=2) as b:
@@ -133,7 +133,7 @@ def test_board_lost_before_upload_then_rerun_resumes_at_evaluate(tmp_path):
                "--opt", "O0"]
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.time() + 900
-        while not any(e["event"] == "started" and e["step"] == "build" for e in store.events()):
+        while not any(e["event"] == "computed" and e["step"] == "pick_best" for e in store.events()):
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             assert time.time() < deadline
             time.sleep(0.05)
@@ -143,7 +143,10 @@ def test_board_lost_before_upload_then_rerun_resumes_at_evaluate(tmp_path):
         assert proc.returncode != 0
         assert "flaky" in out  # the failure names the key
         first = _computed(store)
-        assert "evaluate" not in first and {"fetch", "extract", "tune", "pick_best"} <= set(first)
+        assert {"fetch", "extract", "build", "evaluate", "tune", "pick_best"} <= set(first)
+        evaluated = [e for e in store.events() if e["event"] == "computed" and e["step"] == "evaluate"]
+        tuned = [e for e in store.events() if e["event"] == "computed" and e["step"] == "tune"]
+        assert len(evaluated) == 1 and evaluated[0]["t"] < min(e["t"] for e in tuned)  # the untuned, before tuning
 
         for _ in range(2):  # the boards come back
             b.add_server()
