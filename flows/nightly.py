@@ -32,6 +32,13 @@ from vta_pipeline.errors import ConfigError
 from vta_pipeline.importers import check_model
 from vta_pipeline.targets import resolve_target
 
+NIGHT_TIMEOUT_S = 20 * 3600
+"""A night that is still running 20 h after it started is failed by Prefect (TimeoutError), so
+it cannot hold the deployment's one concurrency slot into the next night's start; with the
+deployment's CANCEL_NEW the next night is cancelled, not queued, while one still runs. Every
+call to a board has its own, much shorter deadline (evaluate.board_timeout_s, the tuning
+timeout): this is the last line, for what has none."""
+
 
 class NightlyFailures(RuntimeError):
     """Some pairs failed tonight (the others finished)."""
@@ -81,7 +88,7 @@ def pair_configs(models: list[str | dict[str, Any]], targets: list[str], overrid
     return out
 
 
-@flow(name="nightly", retries=1, retry_delay_seconds=600, log_prints=True)
+@flow(name="nightly", retries=1, retry_delay_seconds=600, log_prints=True, timeout_seconds=NIGHT_TIMEOUT_S)
 def nightly(
     models: list[Any] = ["builtin:tinynet"],  # noqa: B006 (Prefect parameters are copied per run)
     targets: list[str] = ["host"],  # noqa: B006

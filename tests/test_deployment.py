@@ -14,8 +14,10 @@ def test_the_deployment_has_the_nightly_schedule_pool_and_working_directory(depl
     (sched,) = dep.schedules
     assert sched.active and sched.schedule.cron == "30 1 * * *" and sched.schedule.timezone == "Europe/Berlin"
     assert dep.work_pool_name == POOL
-    limit = dep.global_concurrency_limit  # `concurrency_limit: 1` of prefect.yaml, as the server keeps it
+    limit = dep.global_concurrency_limit  # `concurrency_limit` of prefect.yaml, as the server keeps it
     assert (limit.limit if limit is not None else dep.concurrency_limit) == 1
+    # a night still running (a hung board past every deadline) cancels the next, never queues nights behind it
+    assert str(dep.concurrency_options.collision_strategy.value) == "CANCEL_NEW"
     assert dep.parameters["trials_per_task"] == 64 and dep.parameters["models"][0] == "builtin:tinynet"
     (pull,) = dep.pull_steps
     assert pull["prefect.deployments.steps.set_working_directory"]["directory"] == str(REPO)
