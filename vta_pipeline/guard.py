@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 
 from . import history, variant
 from .hashing import sha256_file
-from .store import ArtifactStore, atomic_write_text, fsync_dir
+from .store import ArtifactStore, atomic_write_text, durable_replace
 
 log = logging.getLogger(__name__)
 
@@ -164,10 +164,7 @@ def promote(store: ArtifactStore, result: dict[str, Any], verdict: Verdict) -> d
         fd, name = tempfile.mkstemp(dir=p.parent, prefix=f"{lib.name}.", suffix=".tmp")
         os.close(fd)
         shutil.copy2(art.file("model.so"), name)
-        with open(name, "rb") as f:  # on disk before the rename names it
-            os.fsync(f.fileno())
-        Path(name).replace(lib)
-        fsync_dir(lib.parent)
+        durable_replace(Path(name), lib)
     cur = {"model": model, "variant": var, "target": target, "board_key": key, "build_id": build_id, "night": night,
            "tuned_ms": ms, "lib": str(lib), "lib_sha256": sha256_file(lib), "artifact": str(art.path), "why": why,
            "run_id": result["run_id"]}

@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from filelock import FileLock
 
 from . import variant, workload_keys
-from .store import fsync_dir
+from .store import durable_replace
 
 MEASUREMENTS = "measurements"
 EVALUATIONS = "evaluations"
@@ -166,12 +166,9 @@ def _append(store_root: Path, name: str, schema: pa.Schema, id_col: str, rows: l
                 basename_template=f"part-{int(time.time())}-{uuid.uuid4().hex[:8]}-{{i}}.parquet",
             )
             for part in sorted(staging.rglob("*.parquet")):
-                with open(part, "rb") as f:  # the data on disk before the name: a power cut
-                    os.fsync(f.fileno())     # must not leave a renamed part without its bytes
                 dest = base / part.relative_to(staging)
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(part, dest)
-                fsync_dir(dest.parent)
+                durable_replace(part, dest)  # a power cut must not leave a renamed part without its bytes
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return len(fresh)

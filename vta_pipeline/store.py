@@ -323,6 +323,16 @@ def fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
+def durable_replace(src: Path, dst: Path) -> None:
+    """Rename a whole file into place so that a power cut leaves the old name or the new file
+    with its bytes, never a name without its data: the data is on disk before the rename, the
+    rename before this returns."""
+    with open(src, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(src, dst)
+    fsync_dir(Path(dst).parent)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write a file so readers see the old or the new content, never a mix, even across a
     power cut (the data is on disk before the rename, the rename before this returns)."""

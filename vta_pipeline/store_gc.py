@@ -140,7 +140,7 @@ def compact_history(store_root: Path, dry_run: bool = False) -> int:
     from filelock import FileLock
 
     from . import history
-    from .store import fsync_dir
+    from .store import durable_replace, fsync_dir
 
     merged = 0
     for name, schema in ((history.MEASUREMENTS, history.MEASUREMENT_SCHEMA),
@@ -162,10 +162,7 @@ def compact_history(store_root: Path, dry_run: bool = False) -> int:
                 table = ds.dataset([str(p) for p in parts], format="parquet", schema=file_schema).to_table()
                 tmp = night_dir / f".compact-{uuid.uuid4().hex}.tmp"
                 pq.write_table(table, tmp)
-                with open(tmp, "rb") as f:
-                    os.fsync(f.fileno())
-                os.replace(tmp, night_dir / f"part-{int(time.time())}-compact-{uuid.uuid4().hex[:8]}.parquet")
-                fsync_dir(night_dir)
+                durable_replace(tmp, night_dir / f"part-{int(time.time())}-compact-{uuid.uuid4().hex[:8]}.parquet")
                 for p in parts:
                     p.unlink()
                 fsync_dir(night_dir)
