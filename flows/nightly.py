@@ -67,7 +67,12 @@ def night_of(scheduled: dt.datetime | None, time_zone: str) -> str:
 
 def pair_configs(models: list[str | dict[str, Any]], targets: list[str], overrides: dict[str, Any],
                  config: dict[str, Any] | None) -> list[PipelineConfig]:
-    """One validated PipelineConfig per (model, target); errors name the pair."""
+    """One validated PipelineConfig per (model, target); errors name the pair.
+
+    What the operator wrote (a target, a model name, a value) fails the whole night here,
+    before any work. An ONNX file's content does not: a file torn or replaced since the
+    night was set up fails its own pair (tune_network checks it first), and the other
+    pairs still run."""
     if not models or not targets:
         raise ConfigError("nightly needs at least one model and one target (parameters `models`, `targets`)")
     out = []
@@ -81,7 +86,8 @@ def pair_configs(models: list[str | dict[str, Any]], targets: list[str], overrid
                 if values.get("board.key") is None:
                     values["board.key"] = resolved.default_key
                 cfg = build_config(config, values, source=f"the nightly parameters, {where}")
-                check_model(cfg.model)
+                if cfg.model.source != "onnx":
+                    check_model(cfg.model)
             except Exception as e:  # bad values, an unknown model or target: the library's own message
                 raise ConfigError(f"{where}: {e}") from None
             out.append(cfg)
