@@ -113,9 +113,9 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
             logger.info("starting a local board: tracker + %d rpc server(s) on 127.0.0.1, key %r, %d thread(s)",
                         local.num_servers, key, local.threads)
             stack.enter_context(local)
-            tracker = local.tracker
+            tracker, want_threads = local.tracker, local.threads  # --local-threads: the user's choice
         else:
-            tracker = cfg.board.tracker
+            tracker, want_threads = cfg.board.tracker, target.cpu_threads
         host, port = parse_hostport(tracker)
         n_boards = boards.preflight(host, port, key)
         if cfg.board.max_boards:
@@ -124,12 +124,16 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
                                         cross_compiler=target.cross_compiler)
         logger.info("tracker %s: %d board(s) under key %r; health check passed (%.4f ms)",
                     tracker, n_boards, key, health_ms)
-        board_threads = boards.board_threads(host, port, key) if target.cpu_threads else None
-        if board_threads:  # (a board that cannot say was warned about; its measurements say "-")
-            logger.info("boards under key %r run kernels with %d thread(s)%s", key, board_threads,
-                        "" if board_threads == target.cpu_threads else
-                        f"; the target is scheduled for {target.cpu_threads} core(s): set TVM_NUM_THREADS="
-                        f"{target.cpu_threads} where the boards' rpc_server starts")
+        # Who the boards are: each trial and evaluation row names them; a board that runs
+        # another TVM, or other threads than the target is scheduled for, is refused here.
+        identities, problems = boards.check_boards(host, port, key, n_boards,
+                                                   want_threads if target.cpu_threads else None, cfg.board.mismatch)
+        for p in problems:
+            logger.warning("board.mismatch warn: %s", p)
+        board_threads = (identities[0].get("threads") if target.cpu_threads else None) or None
+        logger.info("boards under key %r: %s", key, "; ".join(
+            f"{b.get('name') or 'a stock rpc_server'} (TVM {b.get('tvm') or '?'}, {b.get('threads') or '?'} "
+            "thread(s))" for b in identities))
         if target.query_device:  # the board's own GPU limits, not a typical board's
             params = boards.device_params(host, port, key, target.device)
             target = target.with_device_params(params)
@@ -173,7 +177,8 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
         # task alone measures on several boards at once when there are more boards than tasks.
         rounds = TuningRounds(tasks, cfg.tune.trials_per_task, cfg.tune.allocation, in_flight=n_boards)
         board = {"tracker_host": host, "tracker_port": port, "key": key,
-                 "num_boards": max(1, n_boards // rounds.in_flight), "threads": board_threads}
+                 "num_boards": max(1, n_boards // rounds.in_flight), "threads": board_threads,
+                 **boards.describe_boards(identities)}
         work_dirs = {t.name: steps.tune_work_dir(store, t, target, key, cfg.tune.session) for t in tasks}
         trials = TrialProgress(work_dirs, rounds.budgets, cfg.tune.trials_per_task * len(tasks),
                                 f"tuning trials of {cfg.model.display_name}")

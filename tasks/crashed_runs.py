@@ -73,3 +73,55 @@ def mark_dead_runs_crashed(store: ArtifactStore, by: str, logger: logging.Logger
             store.log_event(MARKED, flow_run_id=run_id, by=by,
                             state="Crashed" if str(run_id) in marked else run.state.name)
     return marked
+
+
+def mark_interrupted_cancelled(store_root, why: str, timeout_s: float = 5.0) -> list[str]:
+    """The flow runs this process started on the store and has not ended: Cancelled, with their
+    unfinished task runs, and their end recorded (so no later run marks them Crashed).
+
+    Called from the run's Ctrl-C / SIGTERM handler just before the process exits: the
+    Prefect server (the CLI's temporary one is a child that outlives the handler by that
+    long) is asked in a thread, given up on after `timeout_s`, so a server that does not
+    answer never keeps a stopping run alive. Returns the runs marked."""
+    import os
+    import threading
+
+    store = ArtifactStore(store_root)
+    mine = open_runs_of(store, os.getpid())
+    if not mine:
+        return []
+    marked: list[str] = []
+
+    def mark() -> None:
+        from prefect import get_client
+        from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterId, TaskRunFilter,
+                                                    TaskRunFilterState, TaskRunFilterStateType)
+        from prefect.client.schemas.objects import StateType
+        from prefect.states import Cancelled
+
+        with get_client(sync_client=True) as client:
+            for e in mine:
+                run_id = e["flow_run_id"]
+                client.set_flow_run_state(run_id, Cancelled(message=f"Cancelled: {why}"), force=True)
+                for tr in client.read_task_runs(
+                        flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])),
+                        task_run_filter=TaskRunFilter(state=TaskRunFilterState(type=TaskRunFilterStateType(
+                            any_=[StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED])))):
+                    client.set_task_run_state(tr.id, Cancelled(message=f"Cancelled with its flow run: {why}"),
+                                              force=True)
+                store.log_event(ENDED, flow_run_id=run_id, state="Cancelled")
+                marked.append(str(run_id))
+
+    t = threading.Thread(target=mark, name="mark-cancelled", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    return marked
+
+
+def open_runs_of(store: ArtifactStore, pid: int) -> list[dict]:
+    """The `run_started` events of process `pid` (this host) whose run recorded no end."""
+    import socket
+
+    ended = {e.get("flow_run_id") for e in store.events() if e.get("event") in (ENDED, MARKED)}
+    return [e for e in store.events() if e.get("event") == STARTED and e.get("flow_run_id") not in ended
+            and e.get("process", {}).get("pid") == pid and e.get("process", {}).get("host") == socket.gethostname()]

@@ -244,6 +244,41 @@ def test_a_board_registers_again_by_itself_after_its_tracker_was_gone_for_90_s()
         assert "replacing the RPC server under key 'outage'" in log and "after an outage" in log
 
 
+def test_tuning_waits_through_a_tracker_restart_and_no_candidate_is_failed_by_it(micronet, host_target, tmp_path,
+                                                                                 caplog):
+    """The tracker killed mid-tuning and started again 30 s later on its port: the candidates
+    sent meanwhile used to fail (and MetaSchedule never proposes a failed schedule again).
+    Now they wait for the tracker and go out once the board is listed again: the task ends
+    its budget with every trial measured, each once."""
+    _, extracted = micronet
+    task = _conv(extracted)
+    work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
+    out = {}
+    with LocalBoard(key="restart", num_servers=1, registry=tmp_path / "registry", log_dir=tmp_path / "logs") as b:
+        tracker_args = ["tvm.exec.rpc_tracker", "--host", b.host, "--port", str(b.port), "--port-end",
+                        str(b.port + 1)]
+
+        def tune():
+            out["result"] = tune_task(*_tune_args(extracted, task, host_target, b, 1),
+                                      TuneConfig(trials_per_task=12, trials_per_batch=4), FAST, work)
+
+        tuning = threading.Thread(target=tune)
+        with caplog.at_level("WARNING", logger="vta_pipeline.pools"):
+            tuning.start()
+            _wait_for(lambda: len(read_trials(work)) >= 4, what="a measured batch")
+            _kill(b.procs[0])
+            b.procs[0].wait(10)
+            time.sleep(30)
+            b._spawn(tracker_args, "tracker-again")
+            tuning.join(600)
+    assert not tuning.is_alive() and "result" in out
+    rows = read_trials(work)
+    assert len(rows) == 12 and all(r["error"] is None and r["latency_ms"] > 0 for r in rows), rows
+    assert sorted(r["trial"] for r in rows) == list(range(12))
+    said = caplog.text
+    assert "does not answer: measurements under key 'restart' wait for it" in said and "is back after" in said
+
+
 def _count_or_zero(b, key):
     try:
         return count_servers(b.host, b.port, key)
@@ -399,6 +434,32 @@ def test_a_board_whose_timer_reports_zero_is_refused_while_tuning_and_while_eval
             time_in_turn([lib], x, "llvm", (b.host, b.port), b.key, 2, local=[lambda: 1.0], settle_s=0)
 
 
+def test_a_board_on_another_tvm_or_other_threads_is_refused_before_any_work_naming_the_fix(prefect_harness,
+                                                                                            tmp_path, monkeypatch):
+    """A rack board left on an older TVM, or started without TVM_NUM_THREADS: its times would
+    not be this run's. The run fails before it fetches anything, naming the board, what
+    differs and the fix; with board.mismatch warn the same boards are returned to measure on."""
+    import tvm
+
+    from flows.tune_network import tune_network
+    from vta_pipeline.boards import check_boards
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    store = ArtifactStore(tmp_path / "store")
+    with LocalBoard(key="oldtvm", server_module="other_tvm_board", threads=1, registry=tmp_path / "registry",
+                    log_dir=tmp_path / "logs") as b:
+        state = tune_network(_cfg(store.root, b.tracker, "oldtvm"), return_state=True)
+        assert state.is_failed()
+        assert "runs TVM 0.19.0" in state.message and f"install apache-tvm=={tvm.__version__}" in state.message
+        assert "board.mismatch: warn" in state.message and socket.gethostname() in state.message
+        if (os.cpu_count() or 1) > 1:  # the host target is scheduled for every core
+            assert f"TVM_NUM_THREADS={os.cpu_count()}" in state.message
+        assert not list(store.find("fetch"))  # refused before any work
+        identities, problems = check_boards(b.host, b.port, "oldtvm", 1, 4, mismatch="warn")
+    assert [(i["tvm"], i["threads"]) for i in identities] == [("0.19.0", 1)]
+    assert len(problems) == 2 and "4 core(s)" in problems[1]
+
+
 # ---- 2. every board dies: retries, a clear failure, and the rerun continues ----------------------
 def _cfg(store, tracker, key, trials=4, batch=2):
     return build_config(None, {
@@ -525,11 +586,24 @@ def test_sigkill_of_a_run_leaves_no_process_then_the_rerun_resumes_and_marks_it_
     assert states[rerun]["state"] == "COMPLETED"
 
 
+def _listening(pids: list[int]) -> list[tuple[str, int, int]]:
+    """(address, port, pid) of every listening socket of these processes still running."""
+    out = []
+    for pid in pids:
+        try:
+            conns = psutil.Process(pid).net_connections("inet")
+        except psutil.Error:
+            continue
+        out += [(c.laddr.ip, c.laddr.port, pid) for c in conns if c.status == psutil.CONN_LISTEN]
+    return out
+
+
 def test_ctrl_c_stops_a_run_at_once_with_one_message_and_no_process_left(tmp_path):
     """SIGINT to the run's process group (Ctrl-C in its terminal) mid-tuning: Prefect raised it
     in the flow's thread only, the tuning threads went on (the process was there 120 s later)
     and two tracebacks were printed. Now it exits within seconds, says once what is kept and
-    what to do, and its board and Prefect's server go with it."""
+    what to do, shows the run Cancelled (not Running, not Crashed), and its board and
+    Prefect's server go with it. (On the way: every socket the run listens on is loopback.)"""
     store = ArtifactStore(tmp_path / "store")
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"),
                VTA_PIPELINE_BOARD_REGISTRY=str(tmp_path / "registry"))
@@ -539,6 +613,9 @@ def test_ctrl_c_stops_a_run_at_once_with_one_message_and_no_process_left(tmp_pat
     try:
         _wait_for(lambda: any(len(v) >= 2 for v in _all_trials(store).values()), what="a measured batch")
         children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        # every socket the run listens on (tracker, servers, Prefect's server) is loopback only
+        listening = _listening([proc.pid, *children])
+        assert len(listening) >= 3 and {ip for ip, _, _ in listening} <= {"127.0.0.1", "::1"}, listening
         os.killpg(proc.pid, signal.SIGINT)
         t0 = time.monotonic()
         _, err = proc.communicate(timeout=60)
@@ -553,6 +630,11 @@ def test_ctrl_c_stops_a_run_at_once_with_one_message_and_no_process_left(tmp_pat
     assert proc.returncode == 128 + signal.SIGINT and took < 30, (proc.returncode, took)
     assert err.count("SIGINT: stopping now") == 1 and "rerun the same command" in err, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
+    (run_id,) = [e["flow_run_id"] for e in store.events() if e["event"] == "run_started"]
+    state = _flow_run_states(tmp_path / "prefect", [run_id])[run_id]
+    assert state["state"] == "CANCELLED" and "SIGINT" in state["message"], state
+    assert not {"RUNNING", "PENDING"} & set(state["tasks"]), state
+    assert [e["state"] for e in store.events() if e["event"] == "run_ended"] == ["Cancelled"]  # never "Crashed"
 
 
 # ---- 8. two runs on one store at once ------------------------------------------------------------

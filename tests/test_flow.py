@@ -2,13 +2,16 @@
 
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
+import tvm
 
+from vta_pipeline import history
 from vta_pipeline.boards import LocalBoard
 from vta_pipeline.config import build_config
 from vta_pipeline.store import ArtifactStore
@@ -49,6 +52,10 @@ def test_flow_end_to_end_then_cached_then_partially_recomputed(prefect_harness, 
     assert all(t["best_gflops"] > 0 and t["errors"] == 0 for t in result["tasks"])
     assert (store.root / "runs" / f"{result['run_id']}.json").exists()
     assert _computed(store) == ["build", "evaluate", "extract", "fetch", "pick_best", "tune"]
+    # every measurement and evaluation in the history names the board that made it and its TVM
+    for name in (history.MEASUREMENTS, history.EVALUATIONS):
+        rows = history.read(store.root, name, columns=["board", "tvm_version"]).to_pylist()
+        assert rows and all(r == {"board": platform.node(), "tvm_version": tvm.__version__} for r in rows), name
 
     # Same inputs, new flow run: nothing is computed again.
     t1 = time.time()

@@ -171,6 +171,35 @@ def test_a_torn_work_dir_note_is_set_aside_with_a_warning_and_derived_again(tmp_
     assert name in caplog.text and "does not parse" in caplog.text
 
 
+def test_an_event_after_a_torn_events_log_lands_on_a_line_of_its_own(tmp_path):
+    """The run_started after a power cut used to be glued onto the torn line and lost with it:
+    the next run then never marked that run Crashed, and its computed steps went uncounted."""
+    store = ArtifactStore(tmp_path / "store")
+    store.log_event("computed", step="fetch")
+    with open(store.root / "events.jsonl", "a") as f:
+        f.write('{"t": 1.0, "event": "comp')  # torn mid-write
+    store.log_event("run_started", flow_run_id="r1")
+    store.log_event("computed", step="extract")
+    assert [e["event"] for e in store.events()] == ["computed", "run_started", "computed"]
+
+
+def test_a_torn_workload_file_is_repaired_keeping_every_record_it_can_still_name(tmp_path):
+    """A torn last line of database_workload.json: it is set aside, the whole workloads kept,
+    and so are the records of those workloads; records naming the lost one go aside too."""
+    from vta_pipeline.task_database import repair_database
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "database_workload.json").write_text('["111", "AAAA"]\n["222", "BB')
+    (work / "database_tuning_record.json").write_text('[0, [["trace"], [1e-3]]]\n[1, [["trace"], [2e-3]]]\n')
+    msgs = repair_database(work)
+    assert len(msgs) == 2 and "database_workload.json" in msgs[0] and "kept 1" in msgs[0]
+    assert (work / "database_workload.json").read_text() == '["111", "AAAA"]\n'
+    assert (work / "database_tuning_record.json").read_text() == '[0, [["trace"], [1e-3]]]\n'
+    assert (work / "database_workload.json.corrupt").read_text() == '["222", "BB\n'
+    assert (work / "database_tuning_record.json.corrupt").read_text() == '[1, [["trace"], [2e-3]]]\n'
+
+
 def test_report_names_a_torn_run_result_and_lists_the_others(tmp_path, caplog):
     from vta_pipeline.report import load_results, save_result
 

@@ -18,6 +18,7 @@ each within QUICK_S of its start, it stops with the reason.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import signal
 import socket
@@ -95,6 +96,15 @@ def _supervise(server, tracker: tuple[str, int], key: str, stopping: Callable[[]
     return ""
 
 
+def _session_init(init: Callable[[], None] | None) -> None:
+    """Run in the server's process before it serves: every session can ask who the board is."""
+    from .boards import register_board_info
+
+    register_board_info()
+    if init is not None:
+        init()
+
+
 def serve(init: Callable[[], None] | None, default_key: str, description: str, argv: list[str] | None = None) -> None:
     """Serve sessions (each started with `init`, where given) under a key at a tracker until
     SIGTERM/SIGINT, replacing the server as the module's docstring says. Takes the LocalBoard
@@ -129,7 +139,8 @@ def serve(init: Callable[[], None] | None, default_key: str, description: str, a
             break
         started = time.monotonic()
         server = rpc.Server(args.host, args.port, args.port_end, tracker_addr=tracker, key=args.key,
-                            custom_addr=args.custom_addr, server_init_callback=init)
+                            custom_addr=args.custom_addr,
+                            server_init_callback=functools.partial(_session_init, init))
         try:
             why = _supervise(server, tracker, args.key, stopping)
         finally:

@@ -34,6 +34,8 @@ class BoardSpec:
     key: str
     num_boards: int = 1
     threads: int | None = None  # what the key's boards reported (the flow reads it once per run)
+    board: str | None = None  # their names (describe_boards): each trial row records who measured it
+    tvm: str | None = None  # the TVM version they run
 
 
 SERVER_PORT_RANGE = 64  # ports an rpc_server tries from its first, should another process take that one
@@ -94,6 +96,11 @@ def count_servers(host: str, port: int, key: str) -> int:
     """Servers (idle or busy) registered under `key`, as the tracker lists them."""
     summary = tracker_summary(host, port)
     return sum(1 for s in summary.get("server_info", []) if s.get("key") == f"server:{key}")
+
+
+def free_servers(host: str, port: int, key: str) -> int:
+    """Servers under `key` no session holds now, as the tracker counts them."""
+    return int(tracker_summary(host, port).get("queue_info", {}).get(key, {}).get("free", 0))
 
 
 def preflight(host: str, port: int, key: str, wait_s: float = 10.0) -> int:
@@ -625,6 +632,100 @@ def remote_threads(remote) -> int | None:
         return int(remote.get_function("runtime.NumThreads")())
     except Exception:  # noqa: BLE001 - the measurements then say "-", never fail over it
         return None
+
+
+BOARD_INFO = "vta_pipeline.board_info"
+"""A function the project's board servers give every session: who the board is (its host
+name), which TVM it runs and with how many threads, as JSON. TVM's runtime has no query
+for its own version; a board running TVM's stock rpc_server answers only the threads."""
+
+
+def register_board_info() -> None:
+    """Give this process (and the session processes it forks) `BOARD_INFO`."""
+    import json as json_
+    import platform
+
+    import tvm
+
+    def info() -> str:
+        threads = tvm.get_global_func("runtime.NumThreads", allow_missing=True)
+        return json_.dumps({"name": platform.node(), "tvm": tvm.__version__,
+                            "threads": int(threads()) if threads else None})
+
+    tvm.register_global_func(BOARD_INFO, info, override=True)
+
+
+def remote_identity(remote) -> dict[str, Any]:
+    """Who a connected board is: {"name", "tvm", "threads"}, None where it cannot say."""
+    try:
+        return dict(json.loads(remote.get_function(BOARD_INFO)()))
+    except Exception:  # noqa: BLE001 - a stock rpc_server: its threads are all it can tell
+        return {"name": None, "tvm": None, "threads": remote_threads(remote)}
+
+
+def board_identities(host: str, port: int, key: str, n: int, timeout_s: float = 60.0) -> list[dict[str, Any]]:
+    """`remote_identity` of each of the `n` boards under `key`: their sessions are held open
+    together, so the tracker hands out a different board each time."""
+    from tvm import rpc
+
+    def ask() -> list[dict[str, Any]]:
+        held, out = [], []
+        tracker = rpc.connect_tracker(host, port)
+        for _ in range(n):
+            remote = tracker.request(key, priority=1, session_timeout=int(timeout_s))
+            held.append(remote)
+            out.append(remote_identity(remote))
+        return out
+
+    try:
+        return within(timeout_s, "board identity query", ask)
+    except BoardHung:
+        raise BoardError(f"identifying the {n} board(s) under key {key!r} at the tracker {host}:{port}: they did not "
+                         f"all answer within {timeout_s:.0f} s (a board busy with another run, or hung)") from None
+
+
+def identity_problems(identities: list[dict[str, Any]], threads: int | None) -> list[str]:
+    """What makes a board's measurements not this run's: a TVM other than the one this host
+    compiles with (a library is built for the runtime it is loaded by), or kernels run with
+    other than the `threads` the target is scheduled for (a time then holds for those threads
+    only). A board that cannot say is not a mismatch."""
+    import tvm
+
+    problems = []
+    for i, b in enumerate(identities):
+        who = f"board {i + 1} of {len(identities)}" + (f" ({b['name']})" if b.get("name") else "")
+        if b.get("tvm") and b["tvm"] != tvm.__version__:
+            problems.append(f"{who} runs TVM {b['tvm']}, this host compiles with TVM {tvm.__version__}: install "
+                            f"apache-tvm=={tvm.__version__} on the board (or this host's version of the board's)")
+        if threads and b.get("threads") and b["threads"] != threads:
+            problems.append(f"{who} runs kernels with {b['threads']} thread(s), the target is scheduled for {threads} "
+                            f"core(s): set TVM_NUM_THREADS={threads} where the board's server starts, or give the "
+                            f"target \"num-cores\": {b['threads']}")
+    return problems
+
+
+def check_boards(host: str, port: int, key: str, n_boards: int, threads: int | None,
+                 mismatch: str = "refuse") -> tuple[list[dict[str, Any]], list[str]]:
+    """The identities of the key's boards free now (one at least, waited for), and what does
+    not match this run (`identity_problems`): a BoardError naming each when `mismatch` is
+    "refuse", else returned to be warned about."""
+    n = max(1, min(n_boards, free_servers(host, port, key)))
+    identities = board_identities(host, port, key, n)
+    problems = identity_problems(identities, threads)
+    if problems and mismatch == "refuse":
+        raise BoardError(f"the boards under key {key!r} at the tracker {host}:{port} do not match this run: "
+                         + "; ".join(problems) + ". (Or set board.mismatch: warn to measure on them anyway.)")
+    return identities, problems
+
+
+def describe_boards(identities: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a measurement row records of the boards that may have measured it: their names
+    and TVM versions (one each where the key has one board; TVM's runner does not say which
+    of several boards measured a candidate, so a row of a key with several names them all,
+    all checked to run the same TVM with the same threads)."""
+    names = sorted({b.get("name") or "?" for b in identities})
+    versions = sorted({b.get("tvm") for b in identities if b.get("tvm")})
+    return {"board": ",".join(names) if identities else None, "tvm": ",".join(versions) or None}
 
 
 def board_threads(host: str, port: int, key: str, timeout_s: float = 60.0) -> int | None:

@@ -161,6 +161,10 @@ class MeasureConfig(_Strict):
                               "timer and call overhead do not rank the candidates.")
     timeout_s: int = Field(60, gt=0, description="RPC session timeout per measurement.")
     enable_cpu_cache_flush: bool = Field(False, description="Flush caches between runs (CPUs).")
+    tracker_wait_s: float = Field(
+        900.0, gt=0, description="How long tuning waits for a tracker that stopped answering (restarted, its host "
+                                 "rebooting) before it gives up: candidates are held, not measured as failures, "
+                                 "and go out once it lists a board under the key again. Not part of any cache key.")
 
 
 class EvalConfig(_Strict):
@@ -313,6 +317,10 @@ class BoardConfig(_Strict):
         None, gt=0, description="Threads the local board runs kernels with (TVM_NUM_THREADS of its servers); "
                                 "default: the target's num-cores, else this machine's logical CPUs.")
     max_boards: int | None = Field(None, gt=0, description="Use at most this many boards at once.")
+    mismatch: Literal["refuse", "warn"] = Field(
+        "refuse", description="A board that runs another TVM version than this host, or kernels with other than "
+                              "the target's num-cores threads: refuse it before any work (the run fails naming the "
+                              "board and the fix), or warn and measure anyway (its times hold for its threads only).")
 
     @field_validator("tracker")
     @classmethod

@@ -43,6 +43,8 @@ class Evaluation:
     vs_float: dict[str, Any] | None = None  # int8 networks: agreement with the float model
     number: int = 1  # runs averaged into each repeat
     threads: int | None = None  # threads the board ran the network with, as it reported them (CPUs)
+    board_name: str | None = None  # who the board is (its host name), where it can say
+    tvm: str | None = None  # the TVM it runs, where it can say
     vta_ms: float | None = None  # on a VTA board: the offloaded convs' simulated time per run
     cpu_ms: float | None = None  # ... and the rest of the network's, on the board's CPU
     vta_convs: list[dict[str, Any]] | None = None  # per offloaded conv: workload, knobs, cycles, ms
@@ -169,7 +171,7 @@ def evaluate_on_board(
     import tvm
     from tvm import relax
 
-    from .boards import remote_threads
+    from .boards import remote_identity
 
     host, port = tracker
     calls = _Calls(tracker, key, board_timeout_s)
@@ -206,7 +208,8 @@ def evaluate_on_board(
                         extra_s=_timed_s(number, repeat, per_run_s))
             _believable(list(res.results), key, name)
             reps = [float(r) * 1e3 for r in res.results]
-        threads = calls("reading the thread count", lambda: remote_threads(remote)) if target_kind == "llvm" else None
+        who = calls("asking who the board is", lambda: remote_identity(remote))
+        threads = who.get("threads") if target_kind == "llvm" else None
     except BoardError:
         raise
     except Exception as e:
@@ -232,6 +235,8 @@ def evaluate_on_board(
         vs_float=vs_float,
         number=number,
         threads=threads,
+        board_name=who.get("name"),
+        tvm=who.get("tvm"),
         vta_ms=split.vta_ms if split else None,
         cpu_ms=split.cpu_ms if split else None,
         vta_convs=split.convs if split else None,

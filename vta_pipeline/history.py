@@ -60,6 +60,8 @@ MEASUREMENT_SCHEMA = pa.schema([
     ("gflops", pa.float64()),
     ("error", pa.string()),
     ("threads", pa.int32()),      # threads the board ran the candidate with (as it reported them)
+    ("board", pa.string()),       # the board(s) under the key that measured it (boards.describe_boards)
+    ("tvm_version", pa.string()), # the TVM they ran; both null in rows before them or from stock servers
 ])
 
 EVALUATION_SCHEMA = pa.schema([
@@ -83,6 +85,8 @@ EVALUATION_SCHEMA = pa.schema([
     ("evaluated_at", pa.timestamp("ms", tz="UTC")),
     ("threads", pa.int32()),      # threads the board ran the network with (as it reported them)
     ("variant", pa.string()),     # variant.of the run's config (fp32 / int8, pack): null in rows before it
+    ("board", pa.string()),       # the board that ran the network (its host name)
+    ("tvm_version", pa.string()), # the TVM it ran
 ])
 
 
@@ -207,7 +211,7 @@ def measurement_rows(run: dict[str, Any], tune_dir: Path) -> list[dict[str, Any]
             "trial": t["trial"], "measured_at": _ts(t.get("t")), "schedule_hash": t.get("schedule_hash"),
             "record": json.dumps(t["record"]) if t.get("record") is not None else None,
             "latency_ms": lat, "gflops": flops / lat / 1e6 if lat and flops else None, "error": t.get("error"),
-            "threads": t.get("threads"),
+            "threads": t.get("threads"), "board": t.get("board"), "tvm_version": t.get("tvm"),
         })
     return rows
 
@@ -226,6 +230,7 @@ def evaluation_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             "trials": sum(t.get("trials", 0) for t in result["tasks"]), "tuning_tasks": len(result["tasks"]),
             "run_seconds": result.get("seconds"), "evaluated_at": _ts(result.get("finished")),
             "threads": e.get("threads"), "variant": variant.of_result(result),
+            "board": e.get("board_name"), "tvm_version": e.get("tvm"),
         })
     return rows
 

@@ -176,7 +176,7 @@ def make_runner(board: BoardSpec, measure: MeasureConfig):
     )
     runner.pool.shutdown()
     runner.pool = PopenPoolExecutor(max_workers=workers, timeout=measure.timeout_s + WORKER_GRACE_S)
-    return _checked(runner, board, measure.timeout_s, workers)
+    return _checked(runner, board, measure.timeout_s, workers, measure.tracker_wait_s)
 
 
 # ---- boards found hung -----------------------------------------------------------------------------
@@ -262,7 +262,43 @@ def hung_refusal(where: tuple[str, int, str], timeout_s: float, poll_s: float = 
             "continues from the records")
 
 
-def _checked(inner, board: BoardSpec, timeout_s: float, workers: int):
+TRACKER_POLL_S = 2.0
+MAX_REQUEUES = 3  # a candidate an outage cut off goes out again at most this often
+
+
+def _tracker_answers(host: str, port: int) -> bool:
+    from .boards import port_open
+
+    return port_open(host, port, 2.0)
+
+
+def wait_for_tracker(where: tuple[str, int, str], wait_s: float, poll_s: float = TRACKER_POLL_S) -> str | None:
+    """None once the tracker answers and lists a board under the key; why not, after `wait_s`.
+
+    A tracker restarted mid-night (an upgrade, its host rebooting) used to turn every
+    candidate sent meanwhile into a failed measurement: MetaSchedule never proposes a failed
+    schedule again, and a task whose measurements all failed was retried and then failed.
+    Candidates wait here instead, and go out once the boards are registered again (ours
+    register by themselves: `board_server`)."""
+    host, port, key = where
+    if _tracker_answers(host, port):
+        return None
+    log.warning("the tracker %s:%d does not answer: measurements under key %r wait for it (up to %.0f s)",
+                host, port, key, wait_s)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < wait_s:
+        time.sleep(poll_s)
+        seen = _free_and_registered(host, port, key)
+        if seen is not None and seen[1] > 0:
+            log.warning("the tracker %s:%d is back after %.0f s, with %d board(s) under key %r: measuring again",
+                        host, port, time.monotonic() - t0, seen[1], key)
+            return None
+    return (f"not measured: the tracker at {host}:{port} has not answered (or listed a board under key {key!r}) for "
+            f"{wait_s:.0f} s: start it again (`python -m tvm.exec.rpc_tracker --host {host} --port {port}`, or "
+            "`vta-pipeline board up`) and rerun; tuning continues from the records")
+
+
+def _checked(inner, board: BoardSpec, timeout_s: float, workers: int, tracker_wait_s: float = 900.0):
     """`inner` (a MetaSchedule runner) whose results are refused where the board's times cannot
     be true (`trial_log.implausible`): each such measurement becomes an error, so no 0 s
     record reaches the database, the cost model or the best pick, and a board that always lies
@@ -270,7 +306,9 @@ def _checked(inner, board: BoardSpec, timeout_s: float, workers: int):
 
     Candidates go to `inner` one at a time, at most `workers` in flight, each only once
     `hung_refusal` lets it: a key whose boards all hung costs a run one timeout (and one
-    wait for them to come back), not one per candidate."""
+    wait for them to come back), not one per candidate. While the tracker does not answer
+    they wait for it (`wait_for_tracker`); one that failed because the tracker went away
+    under it goes out again once it is back, instead of counting as a failed schedule."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerResult
 
@@ -302,20 +340,25 @@ def _checked(inner, board: BoardSpec, timeout_s: float, workers: int):
             return self.value
 
     def dispatch(inputs, gated) -> None:
-        pending, in_flight = list(zip(inputs, gated)), []
+        pending, in_flight = [(inp, g, 0) for inp, g in zip(inputs, gated)], []
         try:
             while pending or in_flight:
                 while pending and len(in_flight) < workers:
-                    inp, g = pending.pop(0)
-                    why = hung_refusal(where, timeout_s)
+                    inp, g, sent = pending.pop(0)
+                    why = wait_for_tracker(where, tracker_wait_s) or hung_refusal(where, timeout_s)
                     if why:
                         g.settle(RunnerResult(None, error_msg=why))
                         continue
-                    in_flight.append((inner.run([inp])[0], g))
-                finished = [(f, g) for f, g in in_flight if f.done()]
-                for f, g in finished:
-                    g.settle(checked(f.result()))
-                in_flight = [(f, g) for f, g in in_flight if not g.done()]
+                    in_flight.append((inner.run([inp])[0], g, inp, sent + 1))
+                finished = [x for x in in_flight if x[0].done()]
+                for f, g, inp, sent in finished:
+                    r = f.result()
+                    if (r.error_msg is not None and sent <= MAX_REQUEUES
+                            and not _tracker_answers(board.tracker_host, board.tracker_port)):
+                        pending.insert(0, (inp, g, sent))  # cut off by the outage, not the schedule's fault
+                        continue
+                    g.settle(checked(r))
+                in_flight = [x for x in in_flight if not any(x is y for y in finished)]
                 if in_flight and not finished:
                     time.sleep(DISPATCH_POLL_S)
         except BaseException as e:  # noqa: BLE001 - every candidate gets a result, whatever broke here

@@ -130,7 +130,7 @@ def make_guarded_search(inner, *, known_hashes: set[int], early_stopping: int | 
 
 def make_log_callback(work_dir: Path, task_name: str, progress: Callable[[dict[str, Any]], None] | None,
                        start_index: int, budget: int, workload, target, session: str | None,
-                       threads: int | None = None):
+                       threads: int | None = None, board: str | None = None, tvm: str | None = None):
     from tvm_ffi import structural_hash
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
@@ -157,7 +157,7 @@ def make_log_callback(work_dir: Path, task_name: str, progress: Callable[[dict[s
                     "error": None if err is None else ("build: " if b.error_msg else "run: ") + str(err).strip()[-1000:],
                     "schedule_hash": f"{structural_hash(c.sch.mod) & HASH_MASK:016x}",
                     "record": None if secs >= FAILED else record_json(c, workload, r.run_secs, target),
-                    "threads": threads,
+                    "threads": threads, "board": board, "tvm": tvm,  # who measured it (BoardSpec)
                 })
                 self.index += 1
             append_trials(work_dir, rows)

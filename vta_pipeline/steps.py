@@ -238,7 +238,7 @@ def _tune_config(tune: TuneConfig, measure: MeasureConfig, key: str) -> dict[str
     # A task's tuning depends on its own budget only; how the network's budget was spread
     # (tune.allocation) is the flow's business and not part of the task's key.
     # Our design spaces' versions: a task searches again when its space changed (`space_upgrade`).
-    return {"tune": tune.model_dump(mode="json", exclude={"allocation"}), "measure": measure.model_dump(mode="json"),
+    return {"tune": tune.model_dump(mode="json", exclude={"allocation"}), "measure": measure.model_dump(mode="json", exclude={"tracker_wait_s"}),
             "board_key": key, "spaces": tuning.space_versions()}
 
 

@@ -268,12 +268,18 @@ class ArtifactStore:
 
     # ---- events -------------------------------------------------------------------------------
     def log_event(self, event: str, **fields: Any) -> None:
-        """Append one line to events.jsonl (O_APPEND writes of one line do not interleave)."""
+        """Append one line to events.jsonl (O_APPEND writes of one line do not interleave).
+
+        A log that does not end in a newline was torn (a power cut, a full disk, a kill
+        mid-write: every whole write ends in one): the new line starts on a line of its own,
+        so it is never glued onto the fragment and lost with it (`events` skips the fragment)."""
         rec = {"t": round(time.time(), 3), "event": event, "pid": os.getpid(), **fields}
         line = json.dumps(rec, default=str) + "\n"
-        fd = os.open(self.root / "events.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(self.root / "events.jsonl", os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, line.encode())
+            size = os.fstat(fd).st_size
+            torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+            os.write(fd, (("\n" if torn else "") + line).encode())
         finally:
             os.close(fd)
 

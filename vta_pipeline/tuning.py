@@ -459,7 +459,8 @@ def _search_round(work_dir: Path, task_name: str, workload_mod, target, board: B
     )
     callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
     callbacks.append(make_log_callback(work_dir, task_name, progress, done, tune.trials_per_task,
-                                       ms.database.Workload(workload_mod), target, tune.session, board.threads))
+                                       ms.database.Workload(workload_mod), target, tune.session, board.threads,
+                                       board.board, board.tvm))
     model_lease = (lease_cost_model(work_dir, target) if tune.cost_model == "xgb"
                    else contextlib.nullcontext("random"))
     with pools.builder(tune.builder_timeout_s, cross_compiler) as builder, \
