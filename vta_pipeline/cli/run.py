@@ -234,9 +234,12 @@ def _exit_on_interrupt(store_path, log_path) -> None:
     on measuring (the process was still there minutes later) and two tracebacks were printed.
     Exiting here keeps what a SIGKILL keeps, which the store is built for: every measured batch
     is already appended and fsynced, artifacts are renamed into place only when whole, the
-    local board and Prefect's temporary server stop with this process (their watchdogs). At
-    most the batch in flight is measured again. Before it exits, the run and its unfinished
-    task runs are set Cancelled (given up on after 5 s: then the next run marks them Crashed)."""
+    local board and Prefect's temporary server stop with this process (their watchdogs), and
+    the next run marks this one Crashed. At most the batch in flight is measured again.
+
+    It exits at once: the builder's workers share this process group and die of the same
+    Ctrl-C, and a handler that lingered (to mark the run Cancelled first) let the tuning
+    threads record the candidates in flight as failed builds."""
     import signal
     import sys
 
@@ -246,12 +249,6 @@ def _exit_on_interrupt(store_path, log_path) -> None:
                          f"{store_path}; rerun the same command to continue where this run stopped "
                          f"(at most the batch in flight is measured again). Log: {log_path}\n")
         sys.stderr.flush()
-        try:  # the UI shows the run Cancelled, not Running until the next run marks it Crashed
-            from tasks.crashed_runs import mark_interrupted_cancelled
-
-            mark_interrupted_cancelled(store_path, f"{name} to the run's process")
-        except Exception:  # noqa: BLE001 - stopping matters more; the next run marks it Crashed
-            pass
         os._exit(128 + signum)
 
     signal.signal(signal.SIGINT, stop)
@@ -268,35 +265,18 @@ def _prefect_env() -> None:
 
 def _temporary_prefect_server() -> None:
     """Without PREFECT_API_URL, Prefect runs the flow against a temporary API server, a
-    child process it stops at exit. Started here instead, with two differences:
-
-    - in a session of its own: a terminal's Ctrl-C goes to the whole foreground process
-      group, and the server, stopping at once, was gone before the interrupted run could
-      tell it the run is Cancelled;
-    - watched by a reaper: a run killed with SIGKILL has no exit, and the server (and its
-      SQLite database lock) would stay."""
+    child process it stops at exit. A run killed with SIGKILL has no exit, and that server
+    (and its SQLite database lock) would stay; start it here, watched by a reaper that stops
+    it when this process dies."""
     from prefect.settings import PREFECT_API_URL
 
     if PREFECT_API_URL.value():
         return
-    import functools
-    import subprocess
-    import types
-    from unittest import mock
-
-    import prefect.server.api.server as server_module
+    from prefect.server.api.server import SubprocessASGIServer
 
     from vta_pipeline.watchdog import spawn_reaper
 
-    class ServerInItsOwnSession(server_module.SubprocessASGIServer):
-        def _run_uvicorn_command(self):
-            own_session = types.SimpleNamespace(Popen=functools.partial(subprocess.Popen, start_new_session=True))
-            with mock.patch.object(server_module, "subprocess", own_session):  # this module's Popen only
-                return super()._run_uvicorn_command()
-
-    # Prefect keeps one server instance per port in a dict its class shares with subclasses:
-    # the client's SubprocessASGIServer() is this one.
-    server = ServerInItsOwnSession()
+    server = SubprocessASGIServer()  # the instance Prefect's client will use (one per process)
     server.start()
     if server.server_process is not None:
         spawn_reaper([server.server_process.pid])
