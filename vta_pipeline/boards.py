@@ -98,9 +98,11 @@ def count_servers(host: str, port: int, key: str) -> int:
     return sum(1 for s in summary.get("server_info", []) if s.get("key") == f"server:{key}")
 
 
-def free_servers(host: str, port: int, key: str) -> int:
-    """Servers under `key` no session holds now, as the tracker counts them."""
-    return int(tracker_summary(host, port).get("queue_info", {}).get(key, {}).get("free", 0))
+def free_and_registered(host: str, port: int, key: str) -> tuple[int, int]:
+    """Servers under `key` no session holds now, and all registered under it, from one summary."""
+    summary = tracker_summary(host, port)
+    free = int(summary.get("queue_info", {}).get(key, {}).get("free", 0))
+    return free, sum(1 for s in summary.get("server_info", []) if s.get("key") == f"server:{key}")
 
 
 def preflight(host: str, port: int, key: str, wait_s: float = 10.0) -> int:
@@ -709,7 +711,7 @@ def check_boards(host: str, port: int, key: str, n_boards: int, threads: int | N
     """The identities of the key's boards free now (one at least, waited for), and what does
     not match this run (`identity_problems`): a BoardError naming each when `mismatch` is
     "refuse", else returned to be warned about."""
-    n = max(1, min(n_boards, free_servers(host, port, key)))
+    n = max(1, min(n_boards, free_and_registered(host, port, key)[0]))
     identities = board_identities(host, port, key, n)
     problems = identity_problems(identities, threads)
     if problems and mismatch == "refuse":

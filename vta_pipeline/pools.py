@@ -207,16 +207,13 @@ def _observe(where: tuple[str, int, str], error_msg: str | None) -> None:
 
 
 def _free_and_registered(host: str, port: int, key: str) -> tuple[int, int] | None:
-    from .boards import tracker_summary
+    from .boards import free_and_registered
     from .errors import BoardError
 
     try:
-        summary = tracker_summary(host, port)
+        return free_and_registered(host, port, key)
     except BoardError:
         return None  # no tracker: the measurement fails on its own, with that reason
-    free = int(summary.get("queue_info", {}).get(key, {}).get("free", 0))
-    registered = sum(1 for s in summary.get("server_info", []) if s.get("key") == f"server:{key}")
-    return free, registered
 
 
 def hung_refusal(where: tuple[str, int, str], timeout_s: float, poll_s: float = 0.5) -> str | None:
