@@ -72,7 +72,7 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
     store = ArtifactStore(cfg.store, CachePolicy(cache))
     run_id = str(flow_run.get_id() or f"local-{int(t0)}")
     try:  # runs of this store that a killed process left "Running" in the UI
-        crashed_runs.mark_dead_runs_crashed(store, run_id, logger)
+        crashed_runs.mark_dead_runs_crashed(store, f"flow run {run_id} on the same store", logger)
     except Exception as e:  # never worth failing tonight's run over
         logger.warning("could not check the store's earlier flow runs for dead ones: %s", e)
     crashed_runs.record_start(store, run_id)

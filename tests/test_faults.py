@@ -546,8 +546,8 @@ def _flow_run_states(prefect_home: Path, run_ids: list[str]) -> dict[str, dict]:
 
 def test_sigkill_of_a_run_leaves_no_process_then_the_rerun_resumes_and_marks_it_crashed(tmp_path):
     """SIGKILL of the run's own process (what the OOM killer does): its local board and Prefect's
-    temporary server go with it; the rerun resumes from the records and the killed run is shown
-    Crashed, with no task run left Running."""
+    temporary server go with it, the killed run is shown Crashed at once (its keeper), with no
+    task run left Running, and the rerun resumes from the records."""
     store = ArtifactStore(tmp_path / "store")
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"),
                VTA_PIPELINE_BOARD_REGISTRY=str(tmp_path / "registry"))
@@ -560,17 +560,15 @@ def test_sigkill_of_a_run_leaves_no_process_then_the_rerun_resumes_and_marks_it_
         before = {k: [r["schedule_hash"] for r in v] for k, v in _all_trials(store).items()}
         proc.kill()  # the run's process only: its children get no signal from us
         proc.wait(30)
-        deadline = time.monotonic() + 15
-        while [p for p in children if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]:
-            assert time.monotonic() < deadline, "processes of the killed run are still running: " + ", ".join(
-                " ".join(psutil.Process(p).cmdline()[1:5]) for p in children if psutil.pid_exists(p))
-            time.sleep(0.2)
+        _wait_for_gone(children, "processes of the killed run (the keeper closes the run first)")
     finally:
         proc.kill()
     (killed,) = [e["flow_run_id"] for e in store.events() if e["event"] == "run_started"]
+    state = _flow_run_states(tmp_path / "prefect", [killed])[killed]  # shown at once, not at the next run
+    assert state["state"] == "CRASHED" and "died" in state["message"], state
+    assert "RUNNING" not in state["tasks"] and "CRASHED" in state["tasks"], state
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "was left Running by a dead process: marked Crashed" in done.stdout + done.stderr
     assert done.stdout.count(", run took ") == 1  # the result tables, printed once
     fetches = [e for e in store.events() if e.get("step") == "fetch" and e["event"] == "computed"]
     assert len(fetches) == 1  # taken from the store by the rerun
@@ -584,6 +582,57 @@ def test_sigkill_of_a_run_leaves_no_process_then_the_rerun_resumes_and_marks_it_
     assert states[killed]["state"] == "CRASHED" and "died" in states[killed]["message"]
     assert "RUNNING" not in states[killed]["tasks"] and "CRASHED" in states[killed]["tasks"]
     assert states[rerun]["state"] == "COMPLETED"
+
+
+def test_a_run_killed_with_its_keeper_is_marked_crashed_by_the_next_run_on_the_store(tmp_path, prefect_server):
+    """A power cut takes a run and the keeper that would close it at once: the run stays Running
+    on the server until the next run on the same store marks it Crashed, with its task run."""
+    import logging
+
+    from tasks import crashed_runs
+
+    store = ArtifactStore(tmp_path / "store")
+    script = textwrap.dedent(f"""
+        import os, signal, time
+        from prefect import flow, task
+        from prefect.runtime import flow_run
+        from tasks import crashed_runs
+        from vta_pipeline.store import ArtifactStore
+
+        @task
+        def tuning():
+            time.sleep(5)  # the task run's Running state reaches the server (its events are batched)
+            os.kill(os.getpid(), signal.SIGKILL)  # the power cut, mid-task
+
+        @flow
+        def night():
+            crashed_runs.record_start(ArtifactStore({str(store.root)!r}), str(flow_run.get_id()))
+            tuning()
+
+        night()
+        """)
+    done = subprocess.run([sys.executable, "-c", script], env=prefect_server.env(), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+    (run_id,) = [e["flow_run_id"] for e in store.events() if e["event"] == "run_started"]
+    with prefect_server.settings():
+        assert crashed_runs.mark_dead_runs_crashed(store, "the next run", logging.getLogger("test")) == [run_id]
+        assert crashed_runs.mark_dead_runs_crashed(store, "the run after", logging.getLogger("test")) == []  # once
+    with prefect_server.client() as c:
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+        run = c.read_flow_run(run_id)
+        tasks = c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+    assert run.state.type.value == "CRASHED" and "found by the next run" in run.state.message, run.state
+    assert [t.state.type.value for t in tasks] == ["CRASHED"]
+
+
+def _wait_for_gone(pids: list[int], what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while alive := [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]:
+        assert time.monotonic() < deadline, f"{what} are still running: " + ", ".join(
+            " ".join(psutil.Process(p).cmdline()[1:6]) for p in alive if psutil.pid_exists(p))
+        time.sleep(0.2)
 
 
 def _listening(pids: list[int]) -> list[tuple[str, int, int]]:
@@ -602,8 +651,9 @@ def test_ctrl_c_stops_a_run_at_once_with_one_message_and_no_process_left(tmp_pat
     """SIGINT to the run's process group (Ctrl-C in its terminal) mid-tuning: Prefect raised it
     in the flow's thread only, the tuning threads went on (the process was there 120 s later)
     and two tracebacks were printed. Now it exits within seconds, says once what is kept and
-    what to do, records nothing it cut off as a failed schedule, and its board and Prefect's
-    server go with it. (On the way: every socket the run listens on is loopback.)"""
+    what to do, records nothing it cut off as a failed schedule, shows the run Cancelled (not
+    Running, not Crashed) with no task run left open, and its board and Prefect's server go
+    with it. (On the way: every socket the run listens on is loopback.)"""
     store = ArtifactStore(tmp_path / "store")
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"),
                VTA_PIPELINE_BOARD_REGISTRY=str(tmp_path / "registry"))
@@ -620,10 +670,7 @@ def test_ctrl_c_stops_a_run_at_once_with_one_message_and_no_process_left(tmp_pat
         t0 = time.monotonic()
         _, err = proc.communicate(timeout=60)
         took = time.monotonic() - t0
-        deadline = time.monotonic() + 15
-        while [p for p in children if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]:
-            assert time.monotonic() < deadline, "processes of the interrupted run are still running"
-            time.sleep(0.2)
+        _wait_for_gone(children, "processes of the interrupted run (the keeper closes the run first)")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -632,6 +679,11 @@ def test_ctrl_c_stops_a_run_at_once_with_one_message_and_no_process_left(tmp_pat
     assert "Traceback" not in err, err[-3000:]
     # nothing the interrupt cut off was recorded as a failed schedule (a rerun proposes it again)
     assert not [r for rows in _all_trials(store).values() for r in rows if r["error"]]
+    (run_id,) = [e["flow_run_id"] for e in store.events() if e["event"] == "run_started"]
+    state = _flow_run_states(tmp_path / "prefect", [run_id])[run_id]
+    assert state["state"] == "CANCELLED" and "SIGINT" in state["message"], state
+    assert not {"RUNNING", "PENDING", "SCHEDULED"} & set(state["tasks"]), state
+    assert [e["state"] for e in store.events() if e["event"] == "run_ended"] == ["Cancelled"]  # never "Crashed"
 
 
 # ---- 8. two runs on one store at once ------------------------------------------------------------

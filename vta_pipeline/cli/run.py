@@ -1,6 +1,6 @@
 """`vta-pipeline run`: tune a network end to end with the Prefect flow `tune_network`, showing
-one progress bar per tuning task, against a temporary Prefect server that a reaper stops when
-this process dies."""
+one progress bar per tuning task, against a temporary Prefect server kept by a process that
+outlives this one long enough to record how the run ended (`tasks.local_api`)."""
 
 from __future__ import annotations
 
@@ -170,15 +170,16 @@ def run(
         from vta_pipeline.run_log import open_run_log
 
         log_path = open_run_log(store_path)
-        _temporary_prefect_server()
-        _exit_on_interrupt(store_path, log_path)
+        api = _local_api(store_path, log_path)
+        _exit_on_interrupt(store_path, log_path, api)
 
         flow = with_task_runner(tune_network, dask, cfg)  # a bad cluster fails here, before any work
         if dask:  # progress events fire in the workers: the UI's progress artifact shows them
             typer.echo(f"tuning tasks run on the Dask cluster {dask}; progress: the run's artifacts in the Prefect UI")
-            state = flow(cfg.model_dump(mode="json"), cache=cache, return_state=True)
+            with api.settings():
+                state = flow(cfg.model_dump(mode="json"), cache=cache, return_state=True)
         else:
-            with _tuning_progress():
+            with api.settings(), _tuning_progress():
                 state = tune_network(cfg.model_dump(mode="json"), cache=cache, return_state=True)
         try:
             result = state.result()
@@ -227,24 +228,25 @@ class _tuning_progress:
         self.bars.stop()
 
 
-def _exit_on_interrupt(store_path, log_path) -> None:
+def _exit_on_interrupt(store_path, log_path, api) -> None:
     """Ctrl-C (SIGINT) or SIGTERM ends the run at once, with one message.
 
-    Prefect raises KeyboardInterrupt in the flow's thread only: the tuning tasks' threads went
-    on measuring (the process was still there minutes later) and two tracebacks were printed.
+    Prefect raises KeyboardInterrupt in the flow's thread only: the tuning threads went on
+    measuring (the process was still there minutes later) and two tracebacks were printed.
     Exiting here keeps what a SIGKILL keeps, which the store is built for: every measured batch
-    is already appended and fsynced, artifacts are renamed into place only when whole, the
-    local board and Prefect's temporary server stop with this process (their watchdogs), and
-    the next run marks this one Crashed. At most the batch in flight is measured again.
+    is already appended and fsynced, artifacts are renamed into place only when whole, and the
+    local board stops with this process (its watchdog). At most the batch in flight is
+    measured again. The run's keeper, told the signal's name, marks the run Cancelled.
 
     It exits at once: the builder's workers share this process group and die of the same
-    Ctrl-C, and a handler that lingered (to mark the run Cancelled first) let the tuning
+    Ctrl-C, and a handler that lingered (to mark the run Cancelled itself) let the tuning
     threads record the candidates in flight as failed builds."""
     import signal
     import sys
 
     def stop(signum, _frame) -> None:
         name = signal.Signals(signum).name
+        api.note_signal(name)
         sys.stderr.write(f"\nvta-pipeline: {name}: stopping now. Every measured batch is kept in the store "
                          f"{store_path}; rerun the same command to continue where this run stopped "
                          f"(at most the batch in flight is measured again). Log: {log_path}\n")
@@ -263,20 +265,16 @@ def _prefect_env() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
-def _temporary_prefect_server() -> None:
-    """Without PREFECT_API_URL, Prefect runs the flow against a temporary API server, a
-    child process it stops at exit. A run killed with SIGKILL has no exit, and that server
-    (and its SQLite database lock) would stay; start it here, watched by a reaper that stops
-    it when this process dies."""
-    from prefect.settings import PREFECT_API_URL
+def _local_api(store_path, log_path):
+    """The run's Prefect API and its keeper (`tasks.local_api`): Prefect's own temporary server
+    shares the run's process group, so a Ctrl-C stopped it before anything could record the
+    run as Cancelled, and a SIGKILLed run left it behind. With PREFECT_API_URL set, that
+    server is used and the keeper only closes the run there."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
 
-    if PREFECT_API_URL.value():
-        return
-    from prefect.server.api.server import SubprocessASGIServer
+    from tasks.local_api import LocalApi
 
-    from vta_pipeline.watchdog import spawn_reaper
-
-    server = SubprocessASGIServer()  # the instance Prefect's client will use (one per process)
-    server.start()
-    if server.server_process is not None:
-        spawn_reaper([server.server_process.pid])
+    api = LocalApi(store_path, log_path, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value(),
+                   api_url=PREFECT_API_URL.value() or None)
+    api.start()
+    return api
