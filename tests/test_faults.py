@@ -653,7 +653,8 @@ def test_ctrl_c_stops_a_run_at_once_with_one_message_and_no_process_left(tmp_pat
     and two tracebacks were printed. Now it exits within seconds, says once what is kept and
     what to do, records nothing it cut off as a failed schedule, shows the run Cancelled (not
     Running, not Crashed) with no task run left open, and its board and Prefect's server go
-    with it. (On the way: every socket the run listens on is loopback.)"""
+    with it; the rerun resumes with nothing measured twice. (On the way: every socket the run
+    listens on is loopback.)"""
     store = ArtifactStore(tmp_path / "store")
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"),
                VTA_PIPELINE_BOARD_REGISTRY=str(tmp_path / "registry"))
@@ -684,6 +685,14 @@ def test_ctrl_c_stops_a_run_at_once_with_one_message_and_no_process_left(tmp_pat
     assert state["state"] == "CANCELLED" and "SIGINT" in state["message"], state
     assert not {"RUNNING", "PENDING", "SCHEDULED"} & set(state["tasks"]), state
     assert [e["state"] for e in store.events() if e["event"] == "run_ended"] == ["Cancelled"]  # never "Crashed"
+    # the rerun resumes: what was measured stays, nothing is measured twice, no index reused
+    kept = {k: [r["schedule_hash"] for r in v] for k, v in _all_trials(store).items()}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    for k, rows in _all_trials(store).items():
+        assert [r["trial"] for r in rows] == list(range(len(rows)))
+        assert len({r["schedule_hash"] for r in rows}) == len(rows) == 4
+        assert [r["schedule_hash"] for r in rows[:len(kept.get(k, []))]] == kept.get(k, [])
 
 
 # ---- 8. two runs on one store at once ------------------------------------------------------------
