@@ -5,7 +5,7 @@ every tune step's key; a task's workload hash names its work dir; a design space
 are what stored records replay onto. Any of them changing silently re-tunes (or fails to
 replay) every store made before. This test recomputes them on a fixed set of networks and
 targets (tinynet, fp32 and int8, with and without Winograd, AVX2 and AVX-512 VNNI, graph
-pack) and compares them with `data/space_pins.json`, written at commit 3b4e0c1 (before the
+pack) and compares them with `data/space_pins.json`, written at commit 19d9ab9 (before the
 house was redrawn, issue 55).
 
 A deliberate change of a space (a new version) updates the pins: rerun with
