@@ -35,7 +35,7 @@ import numpy as np
 from conv_gap import Kernel
 
 from vta_pipeline import machine
-from vta_pipeline.packed_conv_space import NCHW_CONV
+from vta_pipeline.spaces.packed_conv import NCHW_CONV
 from vta_pipeline.passes.packed_ops import PACKED_CONV
 from vta_pipeline.passes.winograd import GEMM
 

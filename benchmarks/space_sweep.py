@@ -1,7 +1,7 @@
 """Every schedule of the packed-conv design space for one conv task, beside what the search kept.
 
 `conv_gap.py` says our tuned kernel and ONNX Runtime's are even when each runs alone; this
-says whether the search found the best its design space (`vta_pipeline.packed_conv_space`)
+says whether the search found the best its design space (`vta_pipeline.spaces.packed_conv`)
 holds. The space is small enough to walk whole for a conv (for a 7x7 512->512 conv: 168
 schedules that fit the vector registers): every combination of its sampled decisions (tile
 over output channels, rows, width or pixels, unroll depth) is replayed, built and timed
@@ -50,7 +50,7 @@ def every_schedule(workload, target) -> list[tuple[str, Any]]:
     from tvm.s_tir import Schedule
     from tvm.s_tir import meta_schedule as ms
 
-    from vta_pipeline import packed_conv_space
+    from vta_pipeline.spaces import packed_conv as packed_conv_space
 
     ctx = ms.TuneContext(mod=workload, target=target, task_name="sweep",
                          space_generator=packed_conv_space.space_generator(target, "float"))

@@ -207,7 +207,7 @@ def test_a_tuned_build_from_the_packed_spaces_equals_pytorch(tmp_path):
     as the build step builds, equals PyTorch's output."""
     from vta_pipeline.build import LIB, build_network
     from vta_pipeline.relax_pipeline import lower_for_tuning
-    from vta_pipeline.tuning import design_space, space_label
+    from vta_pipeline.spaces import design_space, label as space_label
 
     intrin_registry.load()
     spec = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}

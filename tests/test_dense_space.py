@@ -14,8 +14,9 @@ import tvm
 from tvm.s_tir import Schedule
 from tvm.script import tirx as T
 
-from vta_pipeline import dense_space, tuning
-from vta_pipeline.space_upgrade import ARCHIVED, archive_name, upgrades
+from vta_pipeline import spaces, tuning
+from vta_pipeline.spaces import dense as dense_space
+from vta_pipeline.spaces.upgrade import ARCHIVED, archive_name, upgrades
 from vta_pipeline.trial_log import read_state
 
 HERE = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})  # AVX2 (what CI runs)
@@ -61,7 +62,7 @@ def test_the_space_takes_float_dense_layers_whose_weights_outweigh_their_activat
     assert not dense_space.applies(dense(1, 96, 4), HERE), "too few columns for one vector"
     assert not dense_space.applies(dense(1, 96, 40, "int32"), HERE), "integer layers take the dot-product rules"
     assert not dense_space.applies(dense(1, 96, 40), tvm.target.Target("cuda"))
-    assert tuning.space_label(HERE, dense(1, 1280, 1000)) == f"dense:{dense_space.VERSION}"
+    assert spaces.label(HERE, dense(1, 1280, 1000)) == f"dense:{dense_space.VERSION}"
 
 
 def test_there_is_one_space_per_chunk_width_that_divides_the_columns():

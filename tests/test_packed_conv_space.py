@@ -27,13 +27,14 @@ from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import codegen
 
-from vta_pipeline import emulate, int8_dot, intrin_registry, packed_conv_space
+from vta_pipeline import emulate, int8_dot, intrin_registry
+from vta_pipeline.spaces import packed_conv as packed_conv_space
 from vta_pipeline.build import LIB, build_network
 from vta_pipeline.passes.cpu_layout import cpu_layout
 from vta_pipeline.passes.graph_pack import PackError, PackParams, graph_pack
 from vta_pipeline.passes.quantize import QuantizeParams, quantize
 from vta_pipeline.relax_pipeline import lower_for_tuning
-from vta_pipeline.tuning import design_space
+from vta_pipeline.spaces import design_space
 
 HERE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # AVX2 (what CI and this machine run)
 SKYLAKE = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}  # AVX-512: compiled, not run
@@ -389,8 +390,8 @@ def test_a_conv_whose_weights_outweigh_its_activations_reads_each_block_of_weigh
     `test_weight_prefetch.py`)."""
     from loop_nests import _blocks, rows_by_thread
 
-    from vta_pipeline import space_upgrade
-    from vta_pipeline.tuning import space_label
+    from vta_pipeline.spaces import upgrade as space_upgrade
+    from vta_pipeline.spaces import label as space_label
 
     _, wl, _, _ = wide
     target = tvm.target.Target(HERE)

@@ -13,8 +13,9 @@ from tvm import relax
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 
-from vta_pipeline import pool_space, schedule_rules, tuning
-from vta_pipeline.space_upgrade import ARCHIVED, archive_name, upgrades
+from vta_pipeline import schedule_rules, spaces, tuning
+from vta_pipeline.spaces import pool as pool_space
+from vta_pipeline.spaces.upgrade import ARCHIVED, archive_name, upgrades
 from vta_pipeline.trial_log import read_state
 
 HERE = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})  # AVX2 (what CI runs)
@@ -46,7 +47,7 @@ def test_the_space_takes_packed_max_pools_on_cpus():
     assert not pool_space.applies(pool((1, 32, 32, 32), "NCHW"), HERE), "an unpacked pool"
     assert not pool_space.applies(pool(kind="avg"), HERE), "an avg pool: a sum and a division"
     assert not pool_space.applies(pool(), tvm.target.Target("cuda"))
-    assert tuning.space_label(HERE, pool()) == f"pool:{pool_space.VERSION}"
+    assert spaces.label(HERE, pool()) == f"pool:{pool_space.VERSION}"
 
 
 def test_each_thread_pools_one_band_of_output_rows_in_every_point():

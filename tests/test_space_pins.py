@@ -29,7 +29,7 @@ from vta_pipeline.config import build_config
 from vta_pipeline.extract import load_tasks
 from vta_pipeline.store import ArtifactStore
 from vta_pipeline.targets import resolve_target
-from vta_pipeline.tuning import design_space, space_label, space_versions
+from vta_pipeline.spaces import design_space, label as space_label, versions as space_versions
 
 PINS = Path(__file__).resolve().parent / "data" / "space_pins.json"
 ZNVER3 = '{"preset": "host", "target": {"mcpu": "znver3", "num-cores": 2}}'  # AVX2

@@ -20,11 +20,13 @@ import tvm
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 
-from vta_pipeline import intrin_registry, packed_conv_space, space_upgrade
+from vta_pipeline import intrin_registry
+from vta_pipeline.spaces import packed_conv as packed_conv_space, upgrade as space_upgrade
 from vta_pipeline.boards import BoardSpec
 from vta_pipeline.config import MeasureConfig, TuneConfig
 from vta_pipeline.trial_log import read_state, read_trials, write_state
-from vta_pipeline.tuning import LIBRARY_SEEDS, design_space, library_candidates, space_label, tune_task
+from vta_pipeline.tuning import LIBRARY_SEEDS, library_candidates, tune_task
+from vta_pipeline.spaces import design_space, label as space_label
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "packed_conv_v1_records.json"
 HERE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}

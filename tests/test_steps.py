@@ -2,7 +2,8 @@
 
 import pytest
 
-from vta_pipeline import dense_space, steps
+from vta_pipeline import steps
+from vta_pipeline.spaces import dense as dense_space
 from vta_pipeline.config import EvalConfig, MeasureConfig, ModelConfig, TuneConfig
 from vta_pipeline.errors import BoardError
 from vta_pipeline.extract import load_tasks

@@ -23,12 +23,13 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 from tvm.target import codegen
 
-from vta_pipeline import extract, ms_build, winograd_space
+from vta_pipeline import extract, ms_build
+from vta_pipeline.spaces import winograd as winograd_space
 from vta_pipeline.build import LIB, build_network
 from vta_pipeline.passes import winograd
 from vta_pipeline.passes.graph_pack import PackParams, graph_pack
 from vta_pipeline.relax_pipeline import lower_for_tuning
-from vta_pipeline.tuning import design_space, space_label
+from vta_pipeline.spaces import design_space, label as space_label
 
 HERE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # AVX2 (CI's floor)
 host_has_avx2 = bool(codegen.target_has_features(
@@ -182,10 +183,11 @@ def test_the_gemm_reads_each_block_of_weights_as_one_run_and_prefetches_the_next
 def test_a_version_2_record_is_carried_into_version_3_with_its_decisions(network):
     """Version 3 changed what a record builds (the weights' layout, the prefetch), not its knobs:
     a task searched in version 2 keeps that search aside and its records, replayed through
-    version 3 with their decisions, are measured first (`space_upgrade`)."""
+    version 3 with their decisions, are measured first (`spaces.upgrade`)."""
     from tvm.s_tir.schedule import Trace
 
-    from vta_pipeline import space_upgrade, weight_prefetch
+    from vta_pipeline import weight_prefetch
+    from vta_pipeline.spaces import upgrade as space_upgrade
 
     lowered, _, _, _ = network
     wl = _winograd_tasks(lowered)[0].dispatched[0]

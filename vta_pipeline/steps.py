@@ -19,7 +19,7 @@ from . import build as build_mod
 from . import cpu_layout as layout_mod
 from . import evaluate as eval_mod
 from . import extract as extract_mod
-from . import guard, history, records_library, retime
+from . import guard, history, records_library, retime, spaces
 from . import importers
 from . import pack as pack_mod
 from . import quantize as quantize_mod
@@ -237,9 +237,9 @@ def extract_step(store: ArtifactStore, fetched: Artifact, target: ResolvedTarget
 def _tune_config(tune: TuneConfig, measure: MeasureConfig, key: str) -> dict[str, Any]:
     # A task's tuning depends on its own budget only; how the network's budget was spread
     # (tune.allocation) is the flow's business and not part of the task's key.
-    # Our design spaces' versions: a task searches again when its space changed (`space_upgrade`).
+    # Our design spaces' versions: a task searches again when its space changed (`spaces.upgrade`).
     return {"tune": tune.model_dump(mode="json", exclude={"allocation"}), "measure": measure.model_dump(mode="json", exclude={"tracker_wait_s"}),
-            "board_key": key, "spaces": tuning.space_versions()}
+            "board_key": key, "spaces": spaces.versions()}
 
 
 def tune_key(store: ArtifactStore, task: extract_mod.TaskInfo, target: ResolvedTarget,

@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from . import (dense_space, injective_space, int8_dot, intrin_registry, packed_conv_space, pool_space, pools, retime,
-               schedule_rules, space_upgrade, winograd_space)
+from . import int8_dot, intrin_registry, pools, retime, schedule_rules, spaces
+from .spaces import upgrade as space_upgrade
 from .boards import BoardSpec
 from .config import MeasureConfig, TuneConfig
 from .cost_model import lease as lease_cost_model
@@ -47,22 +47,10 @@ from .trial_log import (FAILED, history, last_threads, mean_secs, read_default_m
 log = logging.getLogger(__name__)
 
 __all__ = ["STEP", "VERSION", "TuneOutcome", "TuningAborted", "tune_task", "measure_default",
-           "design_space", "population_size", "genetic_iters"]
+           "population_size", "genetic_iters"]
 
 STEP = "tune"
-VERSION = 3  # 3: functions without a reduction search injective_space (before: one generic schedule)
-
-
-def space_versions() -> dict[str, int]:
-    """The version of each of our design spaces, part of every tune step's cache key: a
-    finished task's cached result would otherwise stand after its space changed, and the
-    task would never reach `tune_task`, which searches the new space (`space_upgrade`). A
-    task whose space did not change finds its work dir finished and returns at once."""
-    return {"packed-conv": packed_conv_space.VERSION, "winograd": winograd_space.VERSION,
-            "dense": dense_space.VERSION, "injective": injective_space.VERSION, "pool": pool_space.VERSION,
-            "packed-conv:float:weights-once": packed_conv_space.WEIGHTS_ONCE_VERSION,
-            "packed-conv:broadcast-epilogue": packed_conv_space.BROADCAST_EPILOGUE_VERSION,
-            **{f"packed-conv:{kind}": v for kind, v in packed_conv_space.KIND_VERSIONS.items()}}
+VERSION = 3  # 3: functions without a reduction search the injective space (before: one generic schedule)
 
 
 @dataclass
@@ -167,64 +155,6 @@ def genetic_iters(round_size: int) -> int:
     return 2 if round_size <= 4 else 4
 
 
-def _space_kind(target: Any, workload_mod: Any) -> tuple[str, str | None]:
-    """Which of our spaces takes the task: ("winograd", None), ("packed-conv", its conv kind),
-    ("dense", None), ("pool", None), ("injective", None) or ("metaschedule", None); the one dispatch
-    `design_space` and `space_label` share."""
-    if winograd_space.applies(workload_mod, target):
-        return "winograd", None
-    kind = packed_conv_space.conv_kind(workload_mod, target)
-    if kind is not None:
-        return "packed-conv", kind
-    if dense_space.applies(workload_mod, target):
-        return "dense", None
-    if pool_space.applies(workload_mod, target):
-        return "pool", None
-    if injective_space.applies(workload_mod, target):
-        return "injective", None
-    return "metaschedule", None
-
-
-def space_label(target: Any, workload_mod: Any) -> str:
-    """Which design space `design_space` gives the task, and its version: kept in the work
-    dir's state, so that a task whose search exhausted an older space searches the new one
-    (a state without a label predates the labels)."""
-    space, kind = _space_kind(target, workload_mod)
-    if space == "packed-conv":  # version 1 has no suffix: the label it had before versions
-        v = packed_conv_space.version(kind, workload_mod)
-        return f"packed-conv:{kind}" + (f":{v}" if v > 1 else "")
-    if space == "winograd":
-        return f"winograd:{winograd_space.VERSION}"
-    if space == "dense":
-        return f"dense:{dense_space.VERSION}"
-    if space == "pool":
-        return f"pool:{pool_space.VERSION}"
-    return f"injective:{injective_space.VERSION}" if space == "injective" else space
-
-
-def design_space(target: Any, workload_mod: Any, failures: int8_dot.TensorizeFailures | None = None) -> Any:
-    """The search space of one task: the Winograd space for `--winograd`'s convs
-    (`winograd_space`), NeoCPU's packed-conv space for graph pack's convs on a
-    CPU (`packed_conv_space`: float, and uint8 x int8 where the CPU has a dot product), each
-    core its share of the weights for a float dense layer at small batch (`dense_space`), the
-    output's own loops for a CPU function without a reduction (`injective_space`: layout
-    transforms, quantizes), row bands for a packed max pool (`pool_space`), the dot-product
-    rule for other uint8 x int8 blocks (`int8_dot`), MetaSchedule's generic space for
-    everything else."""
-    space, kind = _space_kind(target, workload_mod)
-    if space == "packed-conv":
-        return packed_conv_space.space_generator(target, kind, workload_mod)
-    if space == "dense":
-        return dense_space.space_generator()
-    if space == "injective":
-        return injective_space.space_generator()
-    if space == "pool":
-        return pool_space.space_generator()
-    if space == "winograd":
-        return winograd_space.space_generator()
-    return int8_dot.space_generator(target, workload_mod, failures)
-
-
 LIBRARY_SEEDS = "library_seeds.json"  # a work dir's records-library seeds, measured first
 MAX_ROUNDS = 4  # rounds to make up for failed measurements before giving up on the budget
 
@@ -239,11 +169,11 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
     open_database(work_dir)  # its files exist from here on, searched or not
     target = tvm.target.Target(target_spec)
     workload_mod = tvm.ir.load_json(Path(task_file).read_text())
-    space = space_label(target, workload_mod)
+    space = spaces.label(target, workload_mod)
     old_space = _searched_in(work_dir, workload_mod, target, space)
     if space_upgrade.upgrades(old_space, space):
         note = space_upgrade.upgrade_work_dir(work_dir, workload_mod, target, old_space,
-                                              design_space(target, workload_mod), LIBRARY_SEEDS)
+                                              spaces.design_space(target, workload_mod), LIBRARY_SEEDS)
         log.warning("task %s: searched in %s before, now %s: its search is kept in %s, its %d best records "
                     "carried over (%d upgraded) are measured first, and it searches its budget again", task_name,
                     old_space or "an unlabelled space", space, note["archive"], note["records"], note["upgraded"])
@@ -274,7 +204,7 @@ def _searched_in(work_dir: Path, workload_mod, target, space: str) -> str | None
     best = space_upgrade.best_records(work_dir / "database_tuning_record.json", 1)
     if not best or not space.startswith("packed-conv"):
         return space
-    current, _ = space_upgrade.upgrade_records(best, workload_mod, target, design_space(target, workload_mod))
+    current, _ = space_upgrade.upgrade_records(best, workload_mod, target, spaces.design_space(target, workload_mod))
     return space if current else None
 
 
@@ -288,7 +218,7 @@ def _warm_start(work_dir: Path, task_name: str, workload_mod, target, seeds: lis
                 previous_best_ms: float | None, seed_hashes: list[str]) -> None:
     """Seed a fresh work dir with earlier sessions' records (see `task_database.seed_database`);
     those tuned in an older version of the task's space are carried into the current one and
-    measured first instead (`space_upgrade`: their latencies were of another loop nest)."""
+    measured first instead (`spaces.upgrade`: their latencies were of another loop nest)."""
     current, upgraded = _carried(seeds, workload_mod, target)
     seeded = seed_database(open_database(work_dir), workload_mod, current)
     if upgraded:
@@ -305,9 +235,9 @@ def _carried(records: list[Any], workload_mod, target) -> tuple[list[Any], list[
     """Earlier records split by the task's space: (those of its current version, those carried
     into it from an older one: `space_upgrade.upgrade_records`); all as given where the space
     has no versions."""
-    if not space_upgrade.versioned(space_label(target, workload_mod)):
+    if not space_upgrade.versioned(spaces.label(target, workload_mod)):
         return list(records), []
-    return space_upgrade.upgrade_records(records, workload_mod, target, design_space(target, workload_mod))
+    return space_upgrade.upgrade_records(records, workload_mod, target, spaces.design_space(target, workload_mod))
 
 
 def _stage_library(work_dir: Path, task_name: str, workload_mod, target,
@@ -315,7 +245,7 @@ def _stage_library(work_dir: Path, task_name: str, workload_mod, target,
     """Keep the library's records in a fresh work dir (`library_seeds.json`): every search
     round of this work dir measures those not measured yet first, so a kill before they
     were measured loses nothing. Records exported from an older version of the task's space
-    are carried into the current one (`space_upgrade`)."""
+    are carried into the current one (`spaces.upgrade`)."""
     records, note = library
     current, upgraded = _carried(records, workload_mod, target)
     records = current + upgraded
@@ -451,7 +381,7 @@ def _search_round(work_dir: Path, task_name: str, workload_mod, target, board: B
     ctx = ms.TuneContext(
         mod=workload_mod,
         target=target,
-        space_generator=design_space(target, workload_mod, failures),
+        space_generator=spaces.design_space(target, workload_mod, failures),
         search_strategy=guard,
         task_name=task_name,
         rand_state=tune.seed + done,  # a resumed run must not replay the same random stream

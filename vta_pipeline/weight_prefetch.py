@@ -1,6 +1,6 @@
 """Software prefetch of a conv's next block of weights, spread over the tiles of this one.
 
-Why: a nest that reads each block of weights once (`packed_conv_space._schedule_weights_once`)
+Why: a nest that reads each block of weights once (`spaces.packed_conv._schedule_weights_once`)
 computes on a block for a few microseconds, then misses on every cache line of the next one:
 in a network that block comes from memory, since the layers between two calls of a conv evict
 its weights. The hardware prefetcher does not run ahead across blocks, so the memory time adds
@@ -9,7 +9,7 @@ with AMX, 2 threads, one input chunk per block, the kernel called in turn with 1
 its weights as a network streams them): 1.10 ms without, 0.94 with the next block's 288 lines
 prefetched 42 per row of tiles; warm 0.71 and 0.72 ms. All of a block's lines at the top of
 the block loop measured 1.00: a burst the core cannot keep in flight. The Winograd GEMM marks
-its tile blocks under each block of output channels (`winograd_space`, version 3).
+its tile blocks under each block of output channels (`spaces.winograd`, version 3).
 
 A schedule marks the innermost loop over output tiles (`sch.annotate(loop, ANNOTATION,
 levels)`, `levels` the tile loops from the block loop in: it is their parent), and `insert`

@@ -43,7 +43,7 @@ the next conv then reads its input from the core that wrote it. Version 1 of thi
 the output-channel chunks between the threads, and a thread's next conv read what the other
 one wrote; across the two CCDs of a Zen 5 host that made mobilenet_v2 fp32 1.6x slower than
 on one CCD, against 1.5x for ONNX Runtime (docs/performance.md). Records of version 1 are
-carried into this one by `space_upgrade`.
+carried into this one by `spaces.upgrade`.
 
 A float conv whose weights outweigh its activations (resnet's 7 x 7 x 512 convs: 9.4 MB of
 weights, 0.2 MB of activations) splits its output channels between the threads instead
@@ -67,7 +67,7 @@ fours, graph pack's `depthwise_dot`, each row of taps is one 16x4 dot product wh
 has VNNI and VBMI, else the same nest on int32 lanes); or a plain NCHW float stem conv (an
 image's few input channels, output channels filling whole vectors: the same nest over 16 or 8
 output lanes). Everything else keeps the spaces it had
-(`tuning.design_space`).
+(`spaces.design_space`).
 """
 
 from __future__ import annotations
@@ -75,8 +75,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from . import int8_dot, weight_prefetch
-from .passes.packed_ops import DEPTHWISE_DOT, DOT_CONV, PACKED_CONV, PACKED_DEPTHWISE
+from .. import int8_dot, weight_prefetch
+from .common import fuse_epilogue, parallel_bands
+from ..passes.packed_ops import DEPTHWISE_DOT, DOT_CONV, PACKED_CONV, PACKED_DEPTHWISE
 
 # in the tuning state's space label (from 2 on): a change of a nest searches the tasks that
 # exhausted the old one again
@@ -382,14 +383,6 @@ def splits_by_channels(workload: Any) -> bool:
     return kind in ("float", "dot") and _weights_outweigh_activations(sch, conv)
 
 
-def parallel_bands(target: Any = None) -> int:
-    """Row bands per conv: one per core of the target (its "num-cores", else this machine's)."""
-    import os
-
-    cores = target.attrs.get("num-cores") if target is not None and "num-cores" in target.attrs else None
-    return max(1, int(cores or os.cpu_count() or 1))
-
-
 def _split_width(sch, loop, whole: bool = False) -> tuple[Any, Any]:
     """Split an output width into register tiles of a sampled 1..8 pixels, ragged or not (the
     last tile of a ragged split computes only the pixels that exist); `whole`: only tiles that
@@ -589,46 +582,6 @@ def broadcast_epilogue(workload: Any) -> bool:
     if conv is None:
         return False
     return _size(sch.mod["main"].params[-1]) > _elements(sch, conv)  # the last parameter: the output
-
-
-def fuse_epilogue(sch, acc) -> None:
-    """Fold the elementwise blocks after the conv (bias add, residual add, ReLU, requantize)
-    into the tile's write-back, so the conv's output never goes to memory before them. A block
-    that cannot be folded (it broadcasts the result over a wider tensor) runs on its own,
-    vectorized (`_schedule_wide_consumer`), not as one scalar loop."""
-    while True:
-        consumers = sch.get_consumers(acc)
-        if len(consumers) != 1:
-            return
-        try:
-            sch.reverse_compute_inline(consumers[0])
-        except Exception:  # noqa: BLE001 - not elementwise in the tile's indices: schedule it alone
-            try:
-                _schedule_wide_consumer(sch, consumers[0])
-            except Exception:  # noqa: BLE001 - loops it cannot fuse or split: it stays as lowered
-                pass
-            return
-
-
-def _schedule_wide_consumer(sch, block) -> None:
-    """A block after the conv that its tile could not absorb (it broadcasts the conv's result
-    over a wider tensor): its packed lanes vectorized, and its outer loops split over the
-    cores or not, a knob. Such a block streams memory and computes little: spread over the
-    cores it can lose to one core streaming it, so the measurement decides, per board."""
-    loops = sch.get_loops(block)
-    from tvm.tirx import IterVar
-
-    if not loops or any(iv.iter_type != IterVar.DataPar for iv in sch.get(block).iter_vars):  # a reduction
-        return
-    lanes = loops[-1] if int(sch.get(loops[-1]).extent) <= 64 else None
-    outer = loops[:-1] if lanes is not None else loops
-    cores = parallel_bands()
-    if outer and cores > 1:
-        fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-        jobs = sch.sample_categorical([1, cores], probs=[0.5, 0.5])
-        sch.parallel(sch.split(fused, factors=[jobs, None])[0])
-    if lanes is not None:
-        sch.vectorize(lanes)
 
 
 def _schedule_producers(sch, conv) -> None:

@@ -2,7 +2,7 @@
 
 resnet's max pool reads the stem conv's output, 112 x 112 x 64 floats (3.2 MB) in the packed
 layout NCHW1n16c. The packed-conv space has each thread write one band of output rows
-(`packed_conv_space`), so right after the stem conv each core holds its band in its own L2.
+(`spaces.packed_conv`), so right after the stem conv each core holds its band in its own L2.
 MetaSchedule's generic space fuses the pool's outer loops in the layout's order (channel
 blocks, then rows) and splits that between the threads: one thread pools the first channel
 blocks of every row, so half of what each thread reads sits in the other core's cache.
@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .injective_space import is_spatial
+from .common import is_spatial
 
-VERSION = 1  # in the tuning state's space label (`tuning.space_label`)
+VERSION = 1  # in the tuning state's space label (`spaces.label`)
 POOL_RULE = "meta_schedule.pool_max"  # TOPI's annotation on its max pool's block
 PACKED_RANK = 6  # NCHW{b}n{c}c
 DEPTHS = ("rows", "rows+blocks")

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .common import is_spatial
+
 VERSION = 1  # in the tuning state's space label: a change of the space searches exhausted tasks again
 MAX_DEPTH = 2  # outer loops fused into the parallel one: more left too little inside
 VECTOR_LANES = 16  # an innermost loop longer than MAX_VECTOR is split into vectors of this
@@ -55,11 +57,6 @@ def applies(workload: Any, target: Any) -> bool:
         return out is not None and all(isinstance(sch.get(loop).extent, IntImm) for loop in sch.get_loops(out))
     except Exception:  # noqa: BLE001 - a block TIR cannot inline: the generic space takes it
         return False
-
-
-def is_spatial(stmt) -> bool:
-    """Whether a block has no reduction axis (every iter var data-parallel)."""
-    return all(int(iv.iter_type) == 0 for iv in stmt.iter_vars)  # IterVar.DataPar
 
 
 def _output_block(sch) -> Any | None:

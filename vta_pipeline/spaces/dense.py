@@ -22,10 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .injective_space import is_spatial
-from .packed_conv_space import fuse_epilogue
+from .common import fuse_epilogue, is_spatial
 
-VERSION = 1  # in the tuning state's space label (`tuning.space_label`)
+VERSION = 1  # in the tuning state's space label (`spaces.label`)
 MIN_LANES, MAX_LANES = 8, 64  # widths of a chunk of columns: a vector register's floats to what stays in registers
 MAX_INNER_K = 16  # reduction steps in the unrolled inner loop
 UNROLL_STEPS = [0, 16, 64, 512]

@@ -33,7 +33,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .store import atomic_write_text
+from ..store import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ ARCHIVED = "ARCHIVED"  # written into an archive once every file is in it
 
 
 def upgrades(old_label: str | None, new_label: str) -> bool:
-    """Whether a work dir searched in the space `old_label` (`tuning.space_label`; None: from
+    """Whether a work dir searched in the space `old_label` (`spaces.label`; None: from
     before labels) is carried into `new_label`: another version of the packed-conv or Winograd
     space, or the dense or pool space where MetaSchedule's generic space (or an older one of it)
     searched before. Either way the old search is kept, and its records that line up are measured first."""
@@ -69,7 +69,7 @@ def upgrades(old_label: str | None, new_label: str) -> bool:
 
 
 def versioned(label: str) -> bool:
-    """Whether the space `label` (`tuning.space_label`) has versions to carry records between.
+    """Whether the space `label` (`spaces.label`) has versions to carry records between.
     MetaSchedule's generic space has none: a record of it that does not line up with a space
     trace is not of an older version, and forcing it onto one (all its spaces sample the same
     kinds of knobs) would only lose its other decisions."""
@@ -84,7 +84,7 @@ def structure(trace) -> str:
     mutates: the evolutionary search rewrites a generic space's parallel extent in place, and
     a record so mutated is still of its space (taken for another, it was "upgraded" onto the
     first space's trace, its compute location and parallel extent lost, and measured again)."""
-    from .task_database import plain_json
+    from ..task_database import plain_json
 
     insts, _ = plain_json(trace.simplified(remove_postproc=True).as_json(remove_postproc=True))
     return json.dumps([[kind, _unmutated(kind, inputs, attrs), [] if kind in KNOBS else attrs, outputs]
@@ -145,7 +145,7 @@ def _replay(space_trace, knobs: list[tuple[Any, Any]]):
 
 
 def upgrade_traces(traces: list, workload_mod, target, space) -> list:
-    """Each trace in the task's current space (`space`: its generator, `tuning.design_space`): the trace itself where
+    """Each trace in the task's current space (`space`: its generator, `spaces.design_space`): the trace itself where
     its structure is one of the current space's, its decisions replayed through the current
     space where only the structure changed, None where its knobs do not line up with any of
     the current space's (another space: nothing to carry over)."""
@@ -189,7 +189,7 @@ def upgrade_records(records_json: list[Any], workload_mod, target, space) -> tup
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule import _ffi_api
 
-    from .task_database import plain_json
+    from ..task_database import plain_json
 
     workload = ms.database.Workload(workload_mod)
     parsed = []
@@ -215,7 +215,7 @@ def upgrade_records(records_json: list[Any], workload_mod, target, space) -> tup
 def best_records(path: Path, keep: int) -> list[Any]:
     """The `keep` fastest measured records of a task database's record file, as TuningRecord
     JSON, read without replaying the others (a database opened replays every trace)."""
-    from .trial_log import FAILED, mean_secs
+    from ..trial_log import FAILED, mean_secs
 
     if not Path(path).exists():
         return []

@@ -40,9 +40,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import weight_prefetch
-from .packed_conv_space import fuse_epilogue
-from .passes import winograd as wg
+from .. import weight_prefetch
+from .common import fuse_epilogue
+from ..passes import winograd as wg
 
 # 2: the GEMM weight-major (a task tuned in version 1's space searches again); 3: the transformed
 # weights laid out as the GEMM reads them, and its next block prefetched
