@@ -1,4 +1,4 @@
-"""A task tuned in MetaSchedule's generic space, then again as `tuning` dispatches it now: how
+"""A task tuned in MetaSchedule's generic space, then again as `spaces` dispatches it now: how
 the tests of our own spaces check that a store's older search is kept and searched again."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import tvm
 
-from vta_pipeline import tuning
+from vta_pipeline import spaces, tuning
 from vta_pipeline.boards import BoardSpec
 from vta_pipeline.config import MeasureConfig, TuneConfig
 from vta_pipeline.trial_log import read_state, task_work_dir
@@ -24,8 +24,8 @@ def generic_then_current(mod, task_name: str, flops: int, workload: str, host_ta
     args = (task_file, task_name, flops, workload, host_target.target_json,
             BoardSpec(board.host, board.port, board.key, 1), TuneConfig(trials_per_task=4, trials_per_batch=4),
             MeasureConfig(number=2, repeat=1, timeout_s=60), work)
-    monkeypatch.setattr(tuning, "design_space", lambda target, wl, failures=None: "post-order-apply")
-    monkeypatch.setattr(tuning, "space_label", lambda target, wl: "metaschedule")
+    monkeypatch.setattr(spaces, "design_space", lambda target, wl, failures=None: "post-order-apply")
+    monkeypatch.setattr(spaces, "label", lambda target, wl: "metaschedule")
     before = tuning.tune_task(*args)
     assert read_state(work)["space"] == "metaschedule" and before.trials >= 1
     monkeypatch.undo()

@@ -15,7 +15,7 @@ from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import codegen
 
-from vta_pipeline import emulate, int8_dot, intrin_registry, tuning
+from vta_pipeline import emulate, int8_dot, intrin_registry, spaces, tuning
 from vta_pipeline.spaces import injective as injective_space
 from vta_pipeline.boards import BoardSpec
 from vta_pipeline.build import LIB, build_network
@@ -132,8 +132,8 @@ def test_a_task_that_exhausted_an_older_space_searches_this_one(micronet, board,
     args = (extracted.path / task.file, task.name, task.flops, task.workload_hash, host_target.target_json,
             BoardSpec(board.host, board.port, board.key, 1), TuneConfig(trials_per_task=8, trials_per_batch=8),
             MeasureConfig(number=2, repeat=1, timeout_s=60), work)
-    monkeypatch.setattr(tuning, "design_space", lambda target, wl, failures=None: "post-order-apply")
-    monkeypatch.setattr(tuning, "space_label", lambda target, wl: "metaschedule")
+    monkeypatch.setattr(spaces, "design_space", lambda target, wl, failures=None: "post-order-apply")
+    monkeypatch.setattr(spaces, "label", lambda target, wl: "metaschedule")
     before = tuning.tune_task(*args)
     assert (before.trials, before.stopped, read_state(work)["space"]) == (1, "search-exhausted", "metaschedule")
     monkeypatch.undo()
