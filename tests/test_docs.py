@@ -141,6 +141,18 @@ def test_every_relative_link_leads_to_a_file_that_exists(page):
     assert not broken, f"{_rel(page)} links to files that do not exist: {broken}"
 
 
+# `path/to/module.py` in a page: the file exists, from the repository's root or from
+# vta_pipeline/ (pages name the library's modules from there: `passes/graph_pack.py`)
+SOURCE_PATH = re.compile(r"`((?:[\w.-]+/)+[\w.-]+\.py)(?::[\w.]+)?`")
+
+
+@pytest.mark.parametrize("page", [*PAGES, ROOT / "vta_pipeline" / "library" / "README.md"], ids=_rel)
+def test_every_source_path_a_page_names_exists(page):
+    named = set(SOURCE_PATH.findall(page.read_text()))
+    stale = sorted(p for p in named if not (ROOT / p).exists() and not (ROOT / "vta_pipeline" / p).exists())
+    assert not stale, f"{_rel(page)} names files that are not in the tree (moved or renamed?): {stale}"
+
+
 @pytest.mark.parametrize("page", PAGES, ids=_rel)
 def test_every_anchor_link_into_a_markdown_page_names_one_of_its_headings(page):
     broken = []
