@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-
 from compare import MODELS, References, references
 
 from vta_pipeline import machine
@@ -72,8 +71,9 @@ def copy_gbps() -> float:
     return 2 * HOST_PROBE_BYTES / best / 1e9
 
 
-def in_turn(builds: dict[str, Path], refs: References, engine: str, rounds: int, number: int,
-            repeat: int) -> dict[str, list]:
+def in_turn(
+    builds: dict[str, Path], refs: References, engine: str, rounds: int, number: int, repeat: int
+) -> dict[str, list]:
     """ms per round of each build and of `engine` (compare.py's reference sessions: the same
     export, input, quantization and session options the goals are judged with)."""
     import tvm
@@ -102,20 +102,25 @@ def in_turn(builds: dict[str, Path], refs: References, engine: str, rounds: int,
 
 def report(times: dict[str, list[float]], meta: dict[str, Any]) -> list[str]:
     ref = References.INT8 if meta["int8"] else References.FP32
-    md = [f"{meta['model']}{' int8' if meta['int8'] else ' fp32'}: our builds in turn with {ref}, {meta['rounds']} "
-          f"rounds (each turn the best of {meta['repeat']} x {meta['number']} runs; ours by the Relax VM's time "
-          f"evaluator, ONNX Runtime wall clock per run), {meta['date']}, on {meta.get('cpu', '?')} "
-          f"({', '.join(meta.get('isa', []))}), {meta['threads']} threads, thread pools spinning (their defaults).", "",
-          "| engine | median ms | fastest round ms | / ORT per round (median) | faster than ORT in |",
-          "|---|---|---|---|---|"]
+    md = [
+        f"{meta['model']}{' int8' if meta['int8'] else ' fp32'}: our builds in turn with {ref}, {meta['rounds']} "
+        f"rounds (each turn the best of {meta['repeat']} x {meta['number']} runs; ours by the Relax VM's time "
+        f"evaluator, ONNX Runtime wall clock per run), {meta['date']}, on {meta.get('cpu', '?')} "
+        f"({', '.join(meta.get('isa', []))}), {meta['threads']} threads, thread pools spinning (their defaults).",
+        "",
+        "| engine | median ms | fastest round ms | / ORT per round (median) | faster than ORT in |",
+        "|---|---|---|---|---|",
+    ]
     ort = times["ort"]
     builds = [name for name in times if name not in ("ort", "host_copy_gbps")]
     for name in builds:
         ms = times[name]
         ratio = [a / b for a, b in zip(ms, ort)]
         wins = sum(a < b for a, b in zip(ms, ort))
-        md.append(f"| {name} ({meta['builds'][name]}) | {np.median(ms):.3f} | {min(ms):.3f} | "
-                  f"{np.median(ratio):.3f} | {wins} of {len(ms)} rounds |")
+        md.append(
+            f"| {name} ({meta['builds'][name]}) | {np.median(ms):.3f} | {min(ms):.3f} | "
+            f"{np.median(ratio):.3f} | {wins} of {len(ms)} rounds |"
+        )
     md.append(f"| {ref} | {np.median(ort):.3f} | {min(ort):.3f} | 1 | - |")
     return md + by_host_state(times, builds)
 
@@ -126,10 +131,13 @@ def by_host_state(times: dict[str, list[float]], builds: list[str]) -> list[str]
     if gbps.size == 0 or gbps.max() / gbps.min() < HOST_STATES_APART:
         return []
     mid = (gbps.max() + gbps.min()) / 2
-    md = ["", f"The host's copy bandwidth ({HOST_PROBE_BYTES >> 20} MB, each round) took two levels; the rounds "
-          "at each:", "",
-          "| host copy GB/s (median) | rounds | " + " | ".join(f"{b} ms / ORT ms" for b in builds) + " |",
-          "|---|---|" + "---|" * len(builds)]
+    md = [
+        "",
+        f"The host's copy bandwidth ({HOST_PROBE_BYTES >> 20} MB, each round) took two levels; the rounds at each:",
+        "",
+        "| host copy GB/s (median) | rounds | " + " | ".join(f"{b} ms / ORT ms" for b in builds) + " |",
+        "|---|---|" + "---|" * len(builds),
+    ]
     for part in (gbps <= mid, gbps > mid):
         ort = np.median(np.array(times["ort"])[part])
         ours = [np.median(np.array(times[b])[part]) for b in builds]
@@ -140,10 +148,19 @@ def by_host_state(times: dict[str, list[float]], builds: list[str]) -> list[str]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="mobilenet_v2", choices=sorted(MODELS),
-                    help="the torchvision model the builds were made from")
-    ap.add_argument("--build", action="append", required=True, metavar="NAME=PATH",
-                    help="a build's model.so, named (repeat: two or more)")
+    ap.add_argument(
+        "--model",
+        default="mobilenet_v2",
+        choices=sorted(MODELS),
+        help="the torchvision model the builds were made from",
+    )
+    ap.add_argument(
+        "--build",
+        action="append",
+        required=True,
+        metavar="NAME=PATH",
+        help="a build's model.so, named (repeat: two or more)",
+    )
     ap.add_argument("--int8", action="store_true", help="compare with ONNX Runtime int8 (U8S8 QDQ), not fp32")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=12)
@@ -161,9 +178,18 @@ def main() -> None:
     refs = references(args.model, args.threads, seed=0)
     engine = References.INT8 if args.int8 else References.FP32
     times = in_turn(builds, refs, engine, args.rounds, args.number, args.repeat)
-    meta = {**machine.cpu(), "threads": args.threads, "model": args.model, "int8": args.int8,
-            "builds": {k: str(v) for k, v in builds.items()}, "rounds": args.rounds, "number": args.number,
-            "repeat": args.repeat, "commit": machine.source_commit(), "date": time.strftime("%Y-%m-%d %H:%M")}
+    meta = {
+        **machine.cpu(),
+        "threads": args.threads,
+        "model": args.model,
+        "int8": args.int8,
+        "builds": {k: str(v) for k, v in builds.items()},
+        "rounds": args.rounds,
+        "number": args.number,
+        "repeat": args.repeat,
+        "commit": machine.source_commit(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
     md = report(times, meta)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"builds_in_turn_{args.model}{'_int8' if args.int8 else ''}"

@@ -65,9 +65,11 @@ from vta_pipeline import machine  # noqa: E402
 WIDE_BLOCK = {"mobilenet_v2": 16}
 MODELS = {
     "resnet18": {"shape": (1, 3, 224, 224), "pack": [], "int8": []},
-    "mobilenet_v2": {"shape": (1, 3, 224, 224),
-                     "pack": ["--pack-start", "nn.conv2d", "--pack-start-idx", "0", "--cfactor", "8"],
-                     "int8": ["--pack-start", "nn.conv2d", "--pack-start-idx", "0", "--cfactor", "8", "--calibrate-mode", "max"]},
+    "mobilenet_v2": {
+        "shape": (1, 3, 224, 224),
+        "pack": ["--pack-start", "nn.conv2d", "--pack-start-idx", "0", "--cfactor", "8"],
+        "int8": ["--pack-start", "nn.conv2d", "--pack-start-idx", "0", "--cfactor", "8", "--calibrate-mode", "max"],
+    },
 }
 # The packed rows' stem (--stem packed): the stem conv packed too, its image one channel block
 # (graph pack's --pack-stem); the int8 rows quantize it and run it on the dot product, the image
@@ -81,8 +83,10 @@ STEM_INT8 = ["--skip-conv-layers", "", *STEM]
 PREFECT_ENV: dict[str, str] = {}
 BARE = "bare tune_tasks, 2 boards"
 BARE_OUR_POOLS = "bare tune_tasks, 2 boards, our pools and population"
-ALLOCATION = {"flat": "each task that many",
-              "latency": "on average: half each, the rest by each task's share of the network's latency"}
+ALLOCATION = {
+    "flat": "each task that many",
+    "latency": "on average: half each, the rest by each task's share of the network's latency",
+}
 INT8_LAYOUTS = {"x86": "TVM tuned int8, x86 dot-product layout", "vta": "TVM tuned int8, VTA-packed layout"}
 # fp32 rows: the network as imported (NCHW, MetaSchedule's generic space), and packed to
 # NCHW{c}c where graph pack packs it (NeoCPU's space for its convs, vta_pipeline/packed_conv_space.py).
@@ -95,7 +99,7 @@ def set_block(name: str, block: str) -> None:
     for kind in ("pack", "int8"):
         args = [a for a in MODELS[name][kind] if a != "--pad-channels"]
         if "--cfactor" in args:
-            del args[args.index("--cfactor"):args.index("--cfactor") + 2]
+            del args[args.index("--cfactor") : args.index("--cfactor") + 2]
         MODELS[name][kind] = [*args, "--cfactor", str(int(block)), "--pad-channels"]
 
 
@@ -137,9 +141,13 @@ def fp32_gemms(threads: int) -> dict[str, float]:
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     for n in (512, 1024):
         b = onnx.numpy_helper.from_array(np.random.default_rng(1).standard_normal((n, n)).astype(np.float32), "b")
-        graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "gemm",
-                                  [helper.make_tensor_value_info("a", TensorProto.FLOAT, [n, n])],
-                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, n])], [b])
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["a", "b"], ["y"])],
+            "gemm",
+            [helper.make_tensor_value_info("a", TensorProto.FLOAT, [n, n])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, n])],
+            [b],
+        )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         model.ir_version = 8
         sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
@@ -184,10 +192,12 @@ def ort_int8_gemm(n: int, threads: int) -> float:
     rng = np.random.default_rng(0)
     w = rng.integers(-127, 127, (n, n), dtype=np.int8)
     graph = helper.make_graph(
-        [helper.make_node("MatMulInteger", ["a", "w"], ["y"])], "int8_gemm",
+        [helper.make_node("MatMulInteger", ["a", "w"], ["y"])],
+        "int8_gemm",
         [helper.make_tensor_value_info("a", TensorProto.UINT8, [n, n])],
         [helper.make_tensor_value_info("y", TensorProto.INT32, [n, n])],
-        [onnx.numpy_helper.from_array(w, "w")])
+        [onnx.numpy_helper.from_array(w, "w")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     opts = ort.SessionOptions()
@@ -233,8 +243,9 @@ class References:
         self.model = torch_model(name, seed)
         self.x = torch.from_numpy(np.random.default_rng(seed).standard_normal(shape).astype("float32"))
         fp32 = work / f"{name}.onnx"
-        torch.onnx.export(self.model, (self.x,), str(fp32), input_names=["data"], output_names=["out"],
-                          opset_version=17, dynamo=False)
+        torch.onnx.export(
+            self.model, (self.x,), str(fp32), input_names=["data"], output_names=["out"], opset_version=17, dynamo=False
+        )
         opts = ort.SessionOptions()
         opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -282,9 +293,20 @@ def frameworks(name: str, shape, threads: int, runs: int, work: Path, seed: int)
 
 
 # ---- our pipeline -------------------------------------------------------------------------------
-def pipeline_run(model: str, source: str, store: Path, trials: int, threads: int, eval_repeat: int,
-                 extra: list[str], servers: int = 2, task_filter: str = "auto",
-                 board: Any = None, allocation: str = "flat", in_process: bool = False) -> dict[str, Any]:
+def pipeline_run(
+    model: str,
+    source: str,
+    store: Path,
+    trials: int,
+    threads: int,
+    eval_repeat: int,
+    extra: list[str],
+    servers: int = 2,
+    task_filter: str = "auto",
+    board: Any = None,
+    allocation: str = "flat",
+    in_process: bool = False,
+) -> dict[str, Any]:
     """`vta-pipeline run` as a user runs it; returns its result plus the tuning phase's timing.
 
     `board`: a LocalBoard already up, used through its tracker as a rack is (else the run
@@ -297,10 +319,27 @@ def pipeline_run(model: str, source: str, store: Path, trials: int, threads: int
     # Rounds of at least 4 candidates: a latency-steered task may get 4x the average budget,
     # and every round pays a search, a cost-model update and a board session (~3 s here).
     batch = max(4, min(trials, 8))
-    argv = ["run", "--source", source, "--model", model,
-            "--trials-per-task", str(trials), "--trials-per-batch", str(batch),
-            "--task-filter", task_filter, "--allocation", allocation, "--eval-repeat", str(eval_repeat), *where,
-            "--store", str(store), *extra]
+    argv = [
+        "run",
+        "--source",
+        source,
+        "--model",
+        model,
+        "--trials-per-task",
+        str(trials),
+        "--trials-per-batch",
+        str(batch),
+        "--task-filter",
+        task_filter,
+        "--allocation",
+        allocation,
+        "--eval-repeat",
+        str(eval_repeat),
+        *where,
+        "--store",
+        str(store),
+        *extra,
+    ]
     t0 = time.time()
     if in_process:
         _cli_in_process(argv, store / "logs" / f"{model}-{int(t0)}.log")
@@ -316,8 +355,12 @@ def pipeline_run(model: str, source: str, store: Path, trials: int, threads: int
     events = [json.loads(line) for line in (store / "events.jsonl").read_text().splitlines()]
     tune = [e["t"] for e in events if e.get("step") == "tune" and e["t"] >= t0]
     trials_done = sum(t.get("trials_this_run", t.get("trials", 0)) for t in result["tasks"])
-    return {"result": result, "wall_s": wall, "tune_s": (max(tune) - min(tune)) if tune else None,
-            "trials": trials_done}
+    return {
+        "result": result,
+        "wall_s": wall,
+        "tune_s": (max(tune) - min(tune)) if tune else None,
+        "trials": trials_done,
+    }
 
 
 def _cli_in_process(argv: list[str], log: Path) -> None:
@@ -335,7 +378,7 @@ def _cli_in_process(argv: list[str], log: Path) -> None:
         os.dup2(f.fileno(), 1), os.dup2(f.fileno(), 2)
         try:
             code = app(argv, prog_name="vta-pipeline", standalone_mode=False)
-        except BaseException as e:  # noqa: BLE001: reported below with the run's own output
+        except BaseException as e:  # noqa: BLE001 - reported below with the run's own output
             code = e
         finally:
             sys.stdout.flush(), sys.stderr.flush()
@@ -377,8 +420,15 @@ def stored(store: Path, artifact_id: str):
     raise LookupError(f"no artifact {artifact_id} in the store {store}")
 
 
-def side_by_side(store: Path, result: dict[str, Any], board: Any, ref: "References", engine: str,
-                 runs: int, rounds: int = SIDE_BY_SIDE_ROUNDS) -> dict[str, Any]:
+def side_by_side(
+    store: Path,
+    result: dict[str, Any],
+    board: Any,
+    ref: "References",
+    engine: str,
+    runs: int,
+    rounds: int = SIDE_BY_SIDE_ROUNDS,
+) -> dict[str, Any]:
     """The run's tuned build on the board and the reference engine in this process, timed in
     turn `rounds` times (each round: the build's evaluation with runs/rounds repeats, then
     runs/rounds runs of the reference): medians of all repeats and runs of each.
@@ -401,12 +451,23 @@ def side_by_side(store: Path, result: dict[str, Any], board: Any, ref: "Referenc
     per_round = max(3, runs // rounds)
     setup = (lib, reference, result["config"]["evaluate"], board, ref, engine, per_round, rounds)
     quick = in_turn(*setup, settle_s=0.0)
-    return {**in_turn(*setup, settle_s=SETTLE_S),
-            "unsettled": {k: v for k, v in quick.items() if k not in ("engine", "rounds")}}
+    return {
+        **in_turn(*setup, settle_s=SETTLE_S),
+        "unsettled": {k: v for k, v in quick.items() if k not in ("engine", "rounds")},
+    }
 
 
-def in_turn(lib: Path, reference: Any, cfg: dict[str, Any], board: Any, ref: "References", engine: str,
-            per_round: int, rounds: int, settle_s: float) -> dict[str, Any]:
+def in_turn(
+    lib: Path,
+    reference: Any,
+    cfg: dict[str, Any],
+    board: Any,
+    ref: "References",
+    engine: str,
+    per_round: int,
+    rounds: int,
+    settle_s: float,
+) -> dict[str, Any]:
     """One `side_by_side` timing, each engine's turn starting `settle_s` seconds after the other's."""
     from vta_pipeline import evaluate as ev_mod
 
@@ -414,16 +475,32 @@ def in_turn(lib: Path, reference: Any, cfg: dict[str, Any], board: Any, ref: "Re
     theirs: list[list[float]] = []
     for _ in range(rounds):
         time.sleep(settle_s)
-        e = ev_mod.evaluate_on_board(lib, reference, "llvm", (board.host, board.port), board.key, cfg["number"],
-                                     per_round, cfg["rtol"], cfg["atol"], min_repeat_ms=cfg["min_repeat_ms"])
+        e = ev_mod.evaluate_on_board(
+            lib,
+            reference,
+            "llvm",
+            (board.host, board.port),
+            board.key,
+            cfg["number"],
+            per_round,
+            cfg["rtol"],
+            cfg["atol"],
+            min_repeat_ms=cfg["min_repeat_ms"],
+        )
         ours.append(list(e.repeats))
         time.sleep(settle_s)
         theirs.append(ref.runs(engine, per_round))
-    return {"ours_ms": float(np.median(sum(ours, []))), "reference_ms": float(np.median(sum(theirs, []))),
-            "rounds": rounds, "ours_repeats": sum(map(len, ours)), "reference_runs": sum(map(len, theirs)),
-            "engine": engine, "settle_s": settle_s,  # each round's median: a drift within the run shows here
-            "ours_rounds_ms": [round(float(np.median(r)), 3) for r in ours],
-            "reference_rounds_ms": [round(float(np.median(r)), 3) for r in theirs]}
+    return {
+        "ours_ms": float(np.median(sum(ours, []))),
+        "reference_ms": float(np.median(sum(theirs, []))),
+        "rounds": rounds,
+        "ours_repeats": sum(map(len, ours)),
+        "reference_runs": sum(map(len, theirs)),
+        "engine": engine,
+        "settle_s": settle_s,  # each round's median: a drift within the run shows here
+        "ours_rounds_ms": [round(float(np.median(r)), 3) for r in ours],
+        "reference_rounds_ms": [round(float(np.median(r)), 3) for r in theirs],
+    }
 
 
 def unsettled(pair: dict[str, Any]) -> str:
@@ -443,48 +520,62 @@ def model_gflop(store: Path, model: str, source: str) -> float:
     from vta_pipeline.targets import resolve_target
 
     st = ArtifactStore(store)
-    extracted = steps.extract_step(st, steps.fetch_step(st, ModelConfig(source=source, name=model)),
-                                   resolve_target("host"))
+    extracted = steps.extract_step(
+        st, steps.fetch_step(st, ModelConfig(source=source, name=model)), resolve_target("host")
+    )
     return sum(t.flops * t.weight for t in load_tasks(extracted.path)) / 1e9
 
 
 def goals(rows: list[dict[str, Any]], overhead: dict[str, Any]) -> list[str]:
     """The issue's goals, checked against this run's numbers (the best budget of each engine)."""
+
     def best(model: str, prefix: str) -> dict[str, Any] | None:
         """The fastest correct row of the model whose engine starts with `prefix`."""
-        ok = [r for r in rows if r["model"] == model and r["engine"].startswith(prefix) and r.get("correct") is not False]
+        ok = [
+            r for r in rows if r["model"] == model and r["engine"].startswith(prefix) and r.get("correct") is not False
+        ]
         return min(ok, key=lambda r: r["median_ms"], default=None)
 
     out = ["Goals:", ""]
     for model in dict.fromkeys(r["model"] for r in rows):
         fp, i8 = best(model, "TVM tuned fp32"), best(model, INT8_LAYOUTS["x86"])
         ort_fp, ort_i8 = best(model, References.FP32), best(model, "ONNX Runtime int8")
-        for what, ours, theirs, factor in (("tuned fp32 faster than ONNX Runtime fp32", fp, ort_fp, 1.0),
-                                           ("tuned int8 faster than ONNX Runtime int8 U8S8", i8, ort_i8, 1.0),
-                                           ("tuned int8 at least 2.5x faster than tuned fp32", i8, fp, 2.5)):
+        for what, ours, theirs, factor in (
+            ("tuned fp32 faster than ONNX Runtime fp32", fp, ort_fp, 1.0),
+            ("tuned int8 faster than ONNX Runtime int8 U8S8", i8, ort_i8, 1.0),
+            ("tuned int8 at least 2.5x faster than tuned fp32", i8, fp, 2.5),
+        ):
             if ours is None or theirs is None:
                 continue
             a, b = ours["median_ms"], theirs["median_ms"]
-            line = (f"- {model}: {what}: {'MET' if a * factor < b else 'not met'} "
-                    f"({a:.2f} ms vs {b:.2f} ms{f' / {factor}' if factor != 1 else ''})")
+            line = (
+                f"- {model}: {what}: {'MET' if a * factor < b else 'not met'} "
+                f"({a:.2f} ms vs {b:.2f} ms{f' / {factor}' if factor != 1 else ''})"
+            )
             after = ours.get("timed_right_after", {}).get(theirs["engine"])
             if after is not None:  # results before side_by_side: the reference timed right after the row
-                line += (f"; against the reference timed right after that row: {'MET' if a < after else 'not met'} "
-                         f"({a:.2f} ms vs {after:.2f} ms)")
+                line += (
+                    f"; against the reference timed right after that row: {'MET' if a < after else 'not met'} "
+                    f"({a:.2f} ms vs {after:.2f} ms)"
+                )
             pair = ours.get("side_by_side")
             if pair and pair["engine"] == theirs["engine"]:
                 o, t = pair["ours_ms"], pair["reference_ms"]
                 wait = f", each turn {pair['settle_s']:g} s after the other's" if pair.get("settle_s") else ""
-                line += (f"; **side by side** (timed in turn, {pair['rounds']} rounds{wait}): "
-                         f"{'MET' if o * factor < t else 'not met'} ({o:.2f} ms vs {t:.2f} ms)")
+                line += (
+                    f"; **side by side** (timed in turn, {pair['rounds']} rounds{wait}): "
+                    f"{'MET' if o * factor < t else 'not met'} ({o:.2f} ms vs {t:.2f} ms)"
+                )
             out.append(line)
     ours = overhead.get("pipeline, 2 board(s)")
     for label in (BARE, BARE_OUR_POOLS):
         bare = overhead.get(label)
         if bare and ours:
             cost = 100 * (bare["trials_per_min"] / ours["trials_per_min"] - 1)
-            out.append(f"- pipeline overhead under 5% of tuning time, vs {label}: {'MET' if cost < 5 else 'not met'} "
-                       f"({cost:+.1f}%: {ours['trials_per_min']:.1f} vs {bare['trials_per_min']:.1f} trials/min)")
+            out.append(
+                f"- pipeline overhead under 5% of tuning time, vs {label}: {'MET' if cost < 5 else 'not met'} "
+                f"({cost:+.1f}%: {ours['trials_per_min']:.1f} vs {bare['trials_per_min']:.1f} trials/min)"
+            )
     return out
 
 
@@ -523,8 +614,9 @@ def estimated_curve(result: dict[str, Any], measured_ms: float, flat: bool = Tru
         return used_ms(best, t.get("default_ms")) or 0.0
 
     final = sum(int(t.get("weight", 1)) * used(t, len(t["curve"])) for t in tasks)  # what was measured
-    return [[n, measured_ms + sum(int(t.get("weight", 1)) * used(t, n) for t in tasks) - final]
-            for n in range(1, n_max + 1)]
+    return [
+        [n, measured_ms + sum(int(t.get("weight", 1)) * used(t, n) for t in tasks) - final] for n in range(1, n_max + 1)
+    ]
 
 
 def budget_to_reach(curve: list[list[float]], target_ms: float, measured: list[list[float]] = ()) -> str:
@@ -548,8 +640,10 @@ def budget_to_reach(curve: list[list[float]], target_ms: float, measured: list[l
     doublings = np.log(target_ms / last) / np.log(last / half)
     if not np.isfinite(doublings) or doublings > 20:  # a gain too small to extrapolate from
         return f"not reached by {n} trials/task, and the last doubling gained {100 * (1 - last / half):.1f}%"
-    return (f"not reached by {n} trials/task; at the last doubling's rate ({100 * (1 - last / half):.0f}% less per "
-            f"doubling) about {int(n * 2 ** doublings):,} trials/task (extrapolated)")
+    return (
+        f"not reached by {n} trials/task; at the last doubling's rate ({100 * (1 - last / half):.0f}% less per "
+        f"doubling) about {int(n * 2**doublings):,} trials/task (extrapolated)"
+    )
 
 
 TRIALS_IN_LABEL = re.compile(r"\((\d+) trials/task")
@@ -570,8 +664,11 @@ def in_turn_points(res: dict[str, Any]) -> None:
         for r in res["rows"]:
             m = TRIALS_IN_LABEL.search(r["engine"])
             if r["model"] == model and r.get("side_by_side") and m:
-                points[int(m.group(1))] = [int(m.group(1)), r["side_by_side"]["ours_ms"],
-                                           r["side_by_side"]["reference_ms"]]
+                points[int(m.group(1))] = [
+                    int(m.group(1)),
+                    r["side_by_side"]["ours_ms"],
+                    r["side_by_side"]["reference_ms"],
+                ]
         if points:
             c["in_turn"] = [points[n] for n in sorted(points)]
 
@@ -580,9 +677,10 @@ def curve_plot(curves: dict[str, Any], refs: dict[str, float], path: Path) -> No
     """latency_vs_trials.png: the estimated curves, the measured points, the reference engines;
     and, where the run timed its builds in turn with their reference, that ratio per budget
     (the number the goals are judged by: the host's drift cancels out of it)."""
-    from vta_pipeline import plots  # noqa: F401  (selects matplotlib's Agg backend)
     import matplotlib.pyplot as plt
     from matplotlib.ticker import ScalarFormatter
+
+    from vta_pipeline import plots  # noqa: F401  (selects matplotlib's Agg backend)
 
     ratios = {label: c["in_turn"] for label, c in curves.items() if c.get("in_turn")}
     fig, axes = plt.subplots(1, 3 if ratios else 2, figsize=(18 if ratios else 12, 4.6))
@@ -628,8 +726,12 @@ def curve_tables(res: dict[str, Any]) -> list[str]:
     rows, curves = res["rows"], res.get("curves", {})
     if not curves:
         return []
-    md = ["", "Latency vs trials per task (estimated from the per-task tuning curves, anchored at the measured "
-          "network latency; measured points marked *); plot: latency_vs_trials.png", ""]
+    md = [
+        "",
+        "Latency vs trials per task (estimated from the per-task tuning curves, anchored at the measured "
+        "network latency; measured points marked *); plot: latency_vs_trials.png",
+        "",
+    ]
     for label, c in curves.items():
         model, kind = label.split(" ", 1)
         ref_engine = "ONNX Runtime fp32" if kind.startswith("fp32") else "ONNX Runtime int8"
@@ -637,22 +739,35 @@ def curve_tables(res: dict[str, Any]) -> list[str]:
         measured = {int(n): ms for n, ms in c["measured"]}
         points = sorted({n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n <= len(c["estimated"])} | set(measured))
         est = dict((int(n), ms) for n, ms in c["estimated"])
-        cells = [f"{measured[n]:.1f}*" if n in measured else f"{est[n]:.1f}" for n in points if n in est or n in measured]
+        cells = [
+            f"{measured[n]:.1f}*" if n in measured else f"{est[n]:.1f}" for n in points if n in est or n in measured
+        ]
         tuned_min = ", ".join(f"{int(n)}: {s_ / 60:.1f} min" for n, s_ in c.get("tuning_s", []))
-        md += [f"- {label}: " + ", ".join(f"{n}: {v}" for n, v in zip(points, cells)) + " ms"
-               + (f"; {ref_engine} {ref:.2f} ms: {budget_to_reach(c['estimated'], ref, c['measured'])}"
-                  if ref and c["estimated"]
-                  else "")
-               + (f"; tuning wall time to each measured point: {tuned_min}" if tuned_min else "")]
+        md += [
+            f"- {label}: "
+            + ", ".join(f"{n}: {v}" for n, v in zip(points, cells))
+            + " ms"
+            + (
+                f"; {ref_engine} {ref:.2f} ms: {budget_to_reach(c['estimated'], ref, c['measured'])}"
+                if ref and c["estimated"]
+                else ""
+            )
+            + (f"; tuning wall time to each measured point: {tuned_min}" if tuned_min else "")
+        ]
         if c.get("in_turn"):
-            md += ["  - timed in turn with " + ref_engine + ", ours / reference: " + ", ".join(
-                f"{n}: {o:.2f} / {r:.2f} ms = {o / r:.2f}x" for n, o, r in c["in_turn"])]
+            md += [
+                "  - timed in turn with "
+                + ref_engine
+                + ", ours / reference: "
+                + ", ".join(f"{n}: {o:.2f} / {r:.2f} ms = {o / r:.2f}x" for n, o, r in c["in_turn"])
+            ]
     return md
 
 
 # ---- orchestration overhead ---------------------------------------------------------------------
-def bare_loop(store: Path, trials: int, threads: int, tracker: str, key: str,
-              our_pools: bool = False) -> dict[str, float]:
+def bare_loop(
+    store: Path, trials: int, threads: int, tracker: str, key: str, our_pools: bool = False
+) -> dict[str, float]:
     """The same tasks and budget through a plain MetaSchedule tune_tasks call: no store, no
     Prefect, no records of our own, on the same two-server board as the pipeline's run.
 
@@ -664,12 +779,12 @@ def bare_loop(store: Path, trials: int, threads: int, tracker: str, key: str,
     from tvm.s_tir import meta_schedule as ms
 
     from vta_pipeline import intrin_registry, pools
+    from vta_pipeline.boards import BoardSpec
     from vta_pipeline.config import MeasureConfig, TuneConfig, parse_hostport
     from vta_pipeline.extract import load_tasks, select_tasks
     from vta_pipeline.ms_build import make_builder
     from vta_pipeline.store import ArtifactStore
     from vta_pipeline.targets import resolve_target
-    from vta_pipeline.boards import BoardSpec
     from vta_pipeline.tuning import genetic_iters, population_size
 
     st = ArtifactStore(store)
@@ -685,12 +800,21 @@ def bare_loop(store: Path, trials: int, threads: int, tracker: str, key: str,
         t0 = time.time()
         if our_pools:
             intrin_registry.load()
-        ctxs = [ms.TuneContext(mod=tvm.ir.load_json((extracted.path / t.file).read_text()), target=target,
-                               space_generator="post-order-apply",
-                               search_strategy=ms.search_strategy.EvolutionarySearch(
-                                   population_size=population_size(min(trials, 8)),
-                                   genetic_num_iters=genetic_iters(min(trials, 8))) if our_pools else "evolutionary",
-                               task_name=t.name, num_threads="physical") for t in tasks]
+        ctxs = [
+            ms.TuneContext(
+                mod=tvm.ir.load_json((extracted.path / t.file).read_text()),
+                target=target,
+                space_generator="post-order-apply",
+                search_strategy=ms.search_strategy.EvolutionarySearch(
+                    population_size=population_size(min(trials, 8)), genetic_num_iters=genetic_iters(min(trials, 8))
+                )
+                if our_pools
+                else "evolutionary",
+                task_name=t.name,
+                num_threads="physical",
+            )
+            for t in tasks
+        ]
         with contextlib.ExitStack() as stack:
             if our_pools:  # the pipeline's own settings, so that in one process it leases the same pools
                 builder = stack.enter_context(pools.builder(TuneConfig().builder_timeout_s))
@@ -698,13 +822,23 @@ def bare_loop(store: Path, trials: int, threads: int, tracker: str, key: str,
             else:
                 builder = make_builder(600)
                 runner = ms.runner.RPCRunner(
-                    rpc_config=ms.runner.RPCConfig(tracker_host=host, tracker_port=port,
-                                                   tracker_key=key, session_timeout_sec=60),
-                    evaluator_config=ms.runner.EvaluatorConfig(number=5, repeat=1), max_workers=2)
-            db = ms.tune_tasks(tasks=ctxs, task_weights=[1.0] * len(ctxs), work_dir=work,
-                               max_trials_global=trials * len(ctxs), num_trials_per_iter=min(trials, 8),
-                               builder=builder, runner=runner, database=ms.database.JSONDatabase(work_dir=work),
-                               cost_model=ms.cost_model.CostModel.create("xgb", num_tuning_cores=1))
+                    rpc_config=ms.runner.RPCConfig(
+                        tracker_host=host, tracker_port=port, tracker_key=key, session_timeout_sec=60
+                    ),
+                    evaluator_config=ms.runner.EvaluatorConfig(number=5, repeat=1),
+                    max_workers=2,
+                )
+            db = ms.tune_tasks(
+                tasks=ctxs,
+                task_weights=[1.0] * len(ctxs),
+                work_dir=work,
+                max_trials_global=trials * len(ctxs),
+                num_trials_per_iter=min(trials, 8),
+                builder=builder,
+                runner=runner,
+                database=ms.database.JSONDatabase(work_dir=work),
+                cost_model=ms.cost_model.CostModel.create("xgb", num_tuning_cores=1),
+            )
         secs = time.time() - t0
         valid = sum(1 for r in db.get_all_tuning_records() if r.run_secs and min(float(s) for s in r.run_secs) < 1e9)
     return {"tune_s": secs, "trials": valid}
@@ -718,11 +852,22 @@ def table(rows: list[dict[str, Any]], peak: dict[str, float]) -> str:
         int8 = "int8" in r["engine"]
         p = peak.get("int8_gops") if int8 else peak["fp32_gflops"]
         gf = r["gflop"] / (r["median_ms"] / 1e3)
-        out.append("| " + " | ".join([
-            r["model"], r["engine"], f"{r['median_ms']:.2f}", f"{r['p90_ms']:.2f}",
-            f"{r['eager_ms'] / r['median_ms']:.2f}x", f"{gf:.1f}", f"{100 * gf / p:.1f}%" if p else "-",
-            {True: "checked", False: "WRONG", None: "-"}[r.get("correct")],
-        ]) + " |")
+        out.append(
+            "| "
+            + " | ".join(
+                [
+                    r["model"],
+                    r["engine"],
+                    f"{r['median_ms']:.2f}",
+                    f"{r['p90_ms']:.2f}",
+                    f"{r['eager_ms'] / r['median_ms']:.2f}x",
+                    f"{gf:.1f}",
+                    f"{100 * gf / p:.1f}%" if p else "-",
+                    {True: "checked", False: "WRONG", None: "-"}[r.get("correct")],
+                ]
+            )
+            + " |"
+        )
     return "\n".join(out)
 
 
@@ -731,58 +876,114 @@ def main() -> None:
     ap.add_argument("--models", default="resnet18,mobilenet_v2")
     ap.add_argument("--int8-models", default="resnet18,mobilenet_v2", help="models also tuned int8 ('' = none)")
     ap.add_argument("--int8-layouts", default="x86,vta", help="int8 pack layouts to tune (x86, vta)")
-    ap.add_argument("--fp32-layouts", default="packed",
-                    help="fp32 layouts to tune: packed (--pack: NCHW16c, mobilenet_v2 NCHW8c; the packed-conv "
-                         "space), nchw (as imported)")
-    ap.add_argument("--trials", default="2",
-                    help="trials per tuning task; a list (4,16,64) tunes on from one budget to the next and "
-                         "measures each: the latency-vs-trials curve")
+    ap.add_argument(
+        "--fp32-layouts",
+        default="packed",
+        help="fp32 layouts to tune: packed (--pack: NCHW16c, mobilenet_v2 NCHW8c; the packed-conv "
+        "space), nchw (as imported)",
+    )
+    ap.add_argument(
+        "--trials",
+        default="2",
+        help="trials per tuning task; a list (4,16,64) tunes on from one budget to the next and "
+        "measures each: the latency-vs-trials curve",
+    )
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--runs", type=int, default=30, help="timed runs per framework (TVM: evaluation repeats)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--store", type=Path, default=Path(tempfile.gettempdir()) / "vta-compare-store")
     ap.add_argument("--overhead-model", default="tinynet", help="built-in model for the tuning-cost runs")
-    ap.add_argument("--overhead-trials", type=int, default=None,
-                    help="trials per task of the tuning-cost runs (default: the first --trials budget)")
-    ap.add_argument("--allocation", default="latency", choices=["flat", "latency"],
-                    help="how each TVM row's budget is spread over its tasks (the pipeline's --allocation)")
-    ap.add_argument("--records-library", default="off",
-                    help="where workloads the store never measured start (the pipeline's --records-library): off "
-                         "(default: the curve from a cold start), builtin (the records shipped for this CPU class), "
-                         "or a directory")
-    ap.add_argument("--block", action="append", default=[], metavar="MODEL=C",
-                    help="the model's channel block in both its fp32 and int8 packs, channels it does not divide "
-                         "padded (--pad-channels); default: MODELS' --cfactor, and WIDE_BLOCK on AVX-512 "
-                         "(mobilenet_v2=16)")
-    ap.add_argument("--int8-dense", default="int8", choices=["int8", "float"],
-                    help="the int8 rows' classifier: int8 (--quantize-dense, as ORT's QGemm) or float (relay's default)")
-    ap.add_argument("--int8-activations", default="int8", choices=["int8", "int32"],
-                    help="the x86 int8 rows' activations between layers: int8 (--int8-activations: residual adds "
-                         "read int8, as ORT's QLinearAdd) or int32 (relay's default)")
-    ap.add_argument("--stem", default="packed", choices=["packed", "plain"],
-                    help="the packed rows' stem conv (fp32 packed, int8 x86): packed, its image one channel block "
-                         "(graph pack's --pack-stem; int8 rows quantize it and run it on the dot product), or plain "
-                         "(NCHW; int8 rows keep it float, relay's skip_conv_layers=[0])")
-    ap.add_argument("--depthwise-dot", default="auto", choices=["auto", "on", "off"],
-                    help="the x86 int8 rows' depthwise convs on the dot product (graph pack's --depthwise-dot: "
-                         "vpermb + vpdpbusd); auto: on where the CPU has AVX512-VNNI and AVX512-VBMI")
-    ap.add_argument("--winograd", default="off", choices=["on", "off"],
-                    help="the fp32 packed rows' 3x3 stride-1 convs (output at least 14 wide) as Winograd F(4x4, 3x3) "
-                         "(the pipeline's --winograd)")
-    ap.add_argument("--winograd-small-below", type=int, default=None,
-                    help="with --winograd on: convs narrower than this as F(2x2, 3x3) (the pipeline's "
-                         "--winograd-small-below; default: the pipeline's, 28)")
-    ap.add_argument("--retime-caches", default="warm", choices=["warm", "flushed", "auto"],
-                    help="how each task's best records are re-timed after its search (the pipeline's --retime-caches)")
+    ap.add_argument(
+        "--overhead-trials",
+        type=int,
+        default=None,
+        help="trials per task of the tuning-cost runs (default: the first --trials budget)",
+    )
+    ap.add_argument(
+        "--allocation",
+        default="latency",
+        choices=["flat", "latency"],
+        help="how each TVM row's budget is spread over its tasks (the pipeline's --allocation)",
+    )
+    ap.add_argument(
+        "--records-library",
+        default="off",
+        help="where workloads the store never measured start (the pipeline's --records-library): off "
+        "(default: the curve from a cold start), builtin (the records shipped for this CPU class), "
+        "or a directory",
+    )
+    ap.add_argument(
+        "--block",
+        action="append",
+        default=[],
+        metavar="MODEL=C",
+        help="the model's channel block in both its fp32 and int8 packs, channels it does not divide "
+        "padded (--pad-channels); default: MODELS' --cfactor, and WIDE_BLOCK on AVX-512 "
+        "(mobilenet_v2=16)",
+    )
+    ap.add_argument(
+        "--int8-dense",
+        default="int8",
+        choices=["int8", "float"],
+        help="the int8 rows' classifier: int8 (--quantize-dense, as ORT's QGemm) or float (relay's default)",
+    )
+    ap.add_argument(
+        "--int8-activations",
+        default="int8",
+        choices=["int8", "int32"],
+        help="the x86 int8 rows' activations between layers: int8 (--int8-activations: residual adds "
+        "read int8, as ORT's QLinearAdd) or int32 (relay's default)",
+    )
+    ap.add_argument(
+        "--stem",
+        default="packed",
+        choices=["packed", "plain"],
+        help="the packed rows' stem conv (fp32 packed, int8 x86): packed, its image one channel block "
+        "(graph pack's --pack-stem; int8 rows quantize it and run it on the dot product), or plain "
+        "(NCHW; int8 rows keep it float, relay's skip_conv_layers=[0])",
+    )
+    ap.add_argument(
+        "--depthwise-dot",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="the x86 int8 rows' depthwise convs on the dot product (graph pack's --depthwise-dot: "
+        "vpermb + vpdpbusd); auto: on where the CPU has AVX512-VNNI and AVX512-VBMI",
+    )
+    ap.add_argument(
+        "--winograd",
+        default="off",
+        choices=["on", "off"],
+        help="the fp32 packed rows' 3x3 stride-1 convs (output at least 14 wide) as Winograd F(4x4, 3x3) "
+        "(the pipeline's --winograd)",
+    )
+    ap.add_argument(
+        "--winograd-small-below",
+        type=int,
+        default=None,
+        help="with --winograd on: convs narrower than this as F(2x2, 3x3) (the pipeline's "
+        "--winograd-small-below; default: the pipeline's, 28)",
+    )
+    ap.add_argument(
+        "--retime-caches",
+        default="warm",
+        choices=["warm", "flushed", "auto"],
+        help="how each task's best records are re-timed after its search (the pipeline's --retime-caches)",
+    )
     ap.add_argument("--skip-overhead", action="store_true")
-    ap.add_argument("--stock-bare", action="store_true",
-                    help="also time a bare loop with MetaSchedule's stock builder, runner and search (4 min "
-                         "here: what the pipeline's pools save, not its orchestration cost)")
+    ap.add_argument(
+        "--stock-bare",
+        action="store_true",
+        help="also time a bare loop with MetaSchedule's stock builder, runner and search (4 min "
+        "here: what the pipeline's pools save, not its orchestration cost)",
+    )
     ap.add_argument("--skip-tvm", action="store_true")
     ap.add_argument("--out", type=Path, default=OUT, help="where compare.json and compare.md go")
-    ap.add_argument("--resume", action="store_true",
-                    help="keep the store, and --out's compare.json if there; measure only what is not in it "
-                         "yet (a new --out: every row measured again, the tuning reused from the store)")
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the store, and --out's compare.json if there; measure only what is not in it "
+        "yet (a new --out: every row measured again, the tuning reused from the store)",
+    )
     args = ap.parse_args()
     if "avx512f" in machine.cpu()["isa"]:
         for name, block in WIDE_BLOCK.items():
@@ -796,13 +997,24 @@ def main() -> None:
         args.depthwise_dot = "on" if {"avx512_vnni", "avx512vbmi"} <= set(machine.cpu()["isa"]) else "off"
 
     t_start = time.time()
-    meta = {"commit": machine.source_commit(), "threads": args.threads, "trials_per_task": args.trials,
-            "runs": args.runs,
-            "allocation": args.allocation, "records_library": args.records_library, "retime_caches": args.retime_caches,
-            "blocks": {m: fp32_block(m) for m in MODELS}, "int8_dense": args.int8_dense,
-            "stem": args.stem, "int8_activations": args.int8_activations, "depthwise_dot": args.depthwise_dot,
-            "winograd": args.winograd, "winograd_small_below": args.winograd_small_below, **machine.cpu(),
-            "date": time.strftime("%Y-%m-%d %H:%M")}
+    meta = {
+        "commit": machine.source_commit(),
+        "threads": args.threads,
+        "trials_per_task": args.trials,
+        "runs": args.runs,
+        "allocation": args.allocation,
+        "records_library": args.records_library,
+        "retime_caches": args.retime_caches,
+        "blocks": {m: fp32_block(m) for m in MODELS},
+        "int8_dense": args.int8_dense,
+        "stem": args.stem,
+        "int8_activations": args.int8_activations,
+        "depthwise_dot": args.depthwise_dot,
+        "winograd": args.winograd,
+        "winograd_small_below": args.winograd_small_below,
+        **machine.cpu(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
     previous = args.out / "compare.json"
     if args.resume and previous.exists():
         res: dict[str, Any] = json.loads(previous.read_text())
@@ -813,8 +1025,14 @@ def main() -> None:
     else:
         if not args.resume:  # a resumed run into a new --out keeps the store's records
             shutil.rmtree(args.store, ignore_errors=True)
-        res = {"meta": meta, "peak": peaks(args.threads), "rows": [], "pipeline_runs": {},
-               "overhead": {}, "where_the_time_goes": {}}
+        res = {
+            "meta": meta,
+            "peak": peaks(args.threads),
+            "rows": [],
+            "pipeline_runs": {},
+            "overhead": {},
+            "where_the_time_goes": {},
+        }
     peak, rows = res["peak"], res["rows"]
     print(f"peak: fp32 {peak['fp32_gflops']:.0f} GFLOP/s, int8 {peak.get('int8_gops') or 0:.0f} GOP/s", flush=True)
     models = [m for m in args.models.split(",") if m]
@@ -823,8 +1041,9 @@ def main() -> None:
     info: dict[str, dict[str, float]] = {}
 
     def add(model: str, engine: str, s: dict[str, Any]) -> None:
-        rows.append({"model": model, "engine": engine, "gflop": info[model]["gflop"],
-                     "eager_ms": info[model]["eager_ms"], **s})
+        rows.append(
+            {"model": model, "engine": engine, "gflop": info[model]["gflop"], "eager_ms": info[model]["eager_ms"], **s}
+        )
         print(f"{model:<14} {engine:<52} {s['median_ms']:8.2f} ms", flush=True)
         write(res, time.time() - t_start, args.out)  # a stopped run keeps what it measured
 
@@ -845,9 +1064,11 @@ def main() -> None:
         return
     int8_models = [m for m in models if m in args.int8_models.split(",")]
     fp32_layouts = [x for x in args.fp32_layouts.split(",") if x]
-    first = ([(m, "fp32") for m in models if "nchw" in fp32_layouts]
-             + [(m, "fp32-packed") for m in models if "packed" in fp32_layouts]
-             + [(m, "x86") for m in int8_models if "x86" in layouts])
+    first = (
+        [(m, "fp32") for m in models if "nchw" in fp32_layouts]
+        + [(m, "fp32-packed") for m in models if "packed" in fp32_layouts]
+        + [(m, "x86") for m in int8_models if "x86" in layouts]
+    )
     # One board (tracker + 1 rpc server, TVM_NUM_THREADS=threads) for every TVM row: started
     # once, as a rack stays up between runs, instead of once per pipeline run (26 s here). One
     # server: two on one machine time candidates against each other on the same cores.
@@ -888,15 +1109,32 @@ def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int]
     wino = ["--winograd"] if kind == "fp32-packed" and args.winograd == "on" else []
     if wino and args.winograd_small_below is not None:
         wino += ["--winograd-small-below", str(args.winograd_small_below)]
-    extra = ["--records-library", args.records_library, "--retime-caches", args.retime_caches, *(
-        [] if kind == "fp32" else ["--pack", *MODELS[name]["pack"], *stem, *wino] if kind == "fp32-packed"
-        else ["--vta", "--pack-layout", kind, *MODELS[name]["int8"], *dense, *stem, *acts, *dwdot])]
-    label = ({"fp32": FP32_LAYOUTS["nchw"], "fp32-packed": FP32_LAYOUTS["packed"].format(block=fp32_block(name))}
-             .get(kind) or INT8_LAYOUTS.get(kind))
+    extra = [
+        "--records-library",
+        args.records_library,
+        "--retime-caches",
+        args.retime_caches,
+        *(
+            []
+            if kind == "fp32"
+            else ["--pack", *MODELS[name]["pack"], *stem, *wino]
+            if kind == "fp32-packed"
+            else ["--vta", "--pack-layout", kind, *MODELS[name]["int8"], *dense, *stem, *acts, *dwdot]
+        ),
+    ]
+    label = {"fp32": FP32_LAYOUTS["nchw"], "fp32-packed": FP32_LAYOUTS["packed"].format(block=fp32_block(name))}.get(
+        kind
+    ) or INT8_LAYOUTS.get(kind)
     key = {"fp32": "fp32", "fp32-packed": "fp32 packed"}.get(kind, f"int8 {kind}")
     # the int8 classifier, the int8 stem and int8 activations: rows (and curves) of their own
-    kind_key = (kind + "+dense" * bool(dense) + "+stem" * bool(stem) + "+int8act" * bool(acts)
-                + "+dwdot" * bool(dwdot) + "+winograd" * bool(wino))
+    kind_key = (
+        kind
+        + "+dense" * bool(dense)
+        + "+stem" * bool(stem)
+        + "+int8act" * bool(acts)
+        + "+dwdot" * bool(dwdot)
+        + "+winograd" * bool(wino)
+    )
     if dense:
         label, key = f"{label}, int8 classifier", f"{key} int8-dense"
     if stem:
@@ -912,18 +1150,37 @@ def tvm_runs(args, res: dict[str, Any], name: str, kind: str, budgets: list[int]
             continue
         # fp32 NCHW: its conv2d tasks (as before); packed fp32: every task (auto), since all
         # of it runs on the CPU and its layout transforms are tasks too; int8: auto.
-        r = pipeline_run(name, "torchvision", args.store / "pipeline", trials, args.threads, args.runs,
-                         extra, task_filter="conv2d" if kind == "fp32" else "auto", board=board,
-                         allocation=args.allocation, in_process=True)
+        r = pipeline_run(
+            name,
+            "torchvision",
+            args.store / "pipeline",
+            trials,
+            args.threads,
+            args.runs,
+            extra,
+            task_filter="conv2d" if kind == "fp32" else "auto",
+            board=board,
+            allocation=args.allocation,
+            in_process=True,
+        )
         res["pipeline_runs"][f"{name}/{kind_key}/{trials}"] = {k: v for k, v in r.items() if k != "result"}
         res["where_the_time_goes"][f"{name} {key}"] = time_split(r["result"])
-        if key.startswith("fp32") and j == 0 and not any(x["model"] == name and x["engine"] == "TVM untuned"
-                                                          for x in res["rows"]):
+        if (
+            key.startswith("fp32")
+            and j == 0
+            and not any(x["model"] == name and x["engine"] == "TVM untuned" for x in res["rows"])
+        ):
             add(name, "TVM untuned", evaluation_stats(r["result"]["untuned"]))
         tuned = evaluation_stats(r["result"]["tuned"])
         ref_engine = References.FP32 if key.startswith("fp32") else References.INT8
-        tuned["side_by_side"] = side_by_side(args.store / "pipeline", r["result"], board,
-                                             references(name, args.threads, args.seed), ref_engine, args.runs)
+        tuned["side_by_side"] = side_by_side(
+            args.store / "pipeline",
+            r["result"],
+            board,
+            references(name, args.threads, args.seed),
+            ref_engine,
+            args.runs,
+        )
         curve = res.setdefault("curves", {}).setdefault(f"{name} {key}", {"measured": [], "estimated": []})
         curve["measured"].append([trials, tuned["median_ms"]])
         sbs = tuned["side_by_side"]
@@ -954,9 +1211,13 @@ def library_note(result: dict[str, Any]) -> dict[str, Any] | None:
     seeded = [t["library"] for t in result["tasks"] if t.get("library")]
     if not seeded:
         return None
-    return {"tasks_seeded": len(seeded), "tasks": len(result["tasks"]),
-            "trials_behind": sum(x.get("measured") or 0 for x in seeded) / len(result["tasks"]),
-            "commits": sorted({str(x.get("commit")) for x in seeded}), "cpus": sorted({str(x.get("cpu")) for x in seeded})}
+    return {
+        "tasks_seeded": len(seeded),
+        "tasks": len(result["tasks"]),
+        "trials_behind": sum(x.get("measured") or 0 for x in seeded) / len(result["tasks"]),
+        "commits": sorted({str(x.get("commit")) for x in seeded}),
+        "cpus": sorted({str(x.get("cpu")) for x in seeded}),
+    }
 
 
 def overhead_runs(args, res: dict[str, Any], one: Any, trials: int) -> None:
@@ -977,16 +1238,40 @@ def overhead_runs(args, res: dict[str, Any], one: Any, trials: int) -> None:
         boards = {1: one, 2: two_servers}
         for servers in (1, 2):
             st = args.store / f"overhead-{servers}"
-            r = pipeline_run(args.overhead_model, "builtin", st, trials, args.threads, 5, [],
-                             task_filter="conv2d", board=boards[servers], in_process=True)
+            r = pipeline_run(
+                args.overhead_model,
+                "builtin",
+                st,
+                trials,
+                args.threads,
+                5,
+                [],
+                task_filter="conv2d",
+                board=boards[servers],
+                in_process=True,
+            )
             record(f"pipeline, {servers} board(s)", r["tune_s"], r["trials"])
-        b = bare_loop(args.store / "overhead-2", trials, args.threads, two_servers.tracker, two_servers.key,
-                      our_pools=True)
+        b = bare_loop(
+            args.store / "overhead-2", trials, args.threads, two_servers.tracker, two_servers.key, our_pools=True
+        )
         record(BARE_OUR_POOLS, b["tune_s"], b["trials"])
         if args.stock_bare:
-            out = subprocess.run([sys.executable, __file__, "--bare-loop", str(args.store / "overhead-2"),
-                                  str(trials), str(args.threads), two_servers.tracker, two_servers.key, "0"],
-                                 capture_output=True, text=True, cwd=ROOT)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--bare-loop",
+                    str(args.store / "overhead-2"),
+                    str(trials),
+                    str(args.threads),
+                    two_servers.tracker,
+                    two_servers.key,
+                    "0",
+                ],
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+            )
             if out.returncode != 0:
                 raise RuntimeError(f"bare loop failed:\n{out.stderr[-3000:]}")
             b = json.loads(out.stdout.strip().splitlines()[-1])
@@ -1002,40 +1287,68 @@ def write(res: dict[str, Any], seconds: float, out: Path = OUT) -> str:
     int8_src = ", ".join(f"{k} {v:.0f}" for k, v in peak["int8_sources"].items() if v)
     fp32_src = ", ".join(f"{k} {v:.0f}" for k, v in peak.get("fp32_sources", {}).items())
     resumed = f" (resumed at {', '.join(meta['resumed_at'])})" if meta.get("resumed_at") else ""
-    md = [f"Measured at commit {meta['commit']}{resumed} on {meta['date']}, {meta.get('cpu', '?')} "
-          f"({', '.join(meta.get('isa', [])) or 'ISA flags not recorded'}; {meta.get('logical_cpus', '?')} logical "
-          f"CPUs): {meta['threads']} threads (TVM boards and frameworks alike), batch 1, "
-          f"{meta['runs']} timed runs, TVM tuned with {meta['trials_per_task']} trials per task "
-          f"({ALLOCATION[meta.get('allocation', 'flat')]}); peak fp32 "
-          f"{peak['fp32_gflops']:.0f} GFLOP/s{f' ({fp32_src})' if fp32_src else ''}, int8 {peak.get('int8_gops') or 0:.0f} GOP/s ({int8_src}); "
-          f"the benchmark took {meta['seconds'] / 60:.1f} min.", "", table(rows, peak)]
+    md = [
+        f"Measured at commit {meta['commit']}{resumed} on {meta['date']}, {meta.get('cpu', '?')} "
+        f"({', '.join(meta.get('isa', [])) or 'ISA flags not recorded'}; {meta.get('logical_cpus', '?')} logical "
+        f"CPUs): {meta['threads']} threads (TVM boards and frameworks alike), batch 1, "
+        f"{meta['runs']} timed runs, TVM tuned with {meta['trials_per_task']} trials per task "
+        f"({ALLOCATION[meta.get('allocation', 'flat')]}); peak fp32 "
+        f"{peak['fp32_gflops']:.0f} GFLOP/s{f' ({fp32_src})' if fp32_src else ''}, int8 {peak.get('int8_gops') or 0:.0f} GOP/s ({int8_src}); "
+        f"the benchmark took {meta['seconds'] / 60:.1f} min.",
+        "",
+        table(rows, peak),
+    ]
     after = [(r["model"], r["engine"], e, ms) for r in rows for e, ms in r.get("timed_right_after", {}).items()]
     if after:
-        md += ["", "The reference timed again right after each TVM row (the host drifts within a run):", "",
-               "| model | TVM row | reference | ms right after |", "|---|---|---|---|"]
+        md += [
+            "",
+            "The reference timed again right after each TVM row (the host drifts within a run):",
+            "",
+            "| model | TVM row | reference | ms right after |",
+            "|---|---|---|---|",
+        ]
         md += [f"| {model} | {row} | {e} | {ms:.2f} |" for model, row, e, ms in after]
     pairs = [(r["model"], r["engine"], r["median_ms"], r["side_by_side"]) for r in rows if r.get("side_by_side")]
     if pairs:
-        md += ["", "Each tuned build timed again on the board in turn with its reference in this process "
-               f"({pairs[0][3]['rounds']} rounds; the host drifts within a run, and the pipeline's own evaluation "
-               "runs inside its flow, minutes from the reference's timing):", "",
-               "| model | TVM row | pipeline's evaluation ms | in turn: ours ms | in turn: reference | ms "
-               "| ours / reference | no wait between turns: ours ms | reference ms | ours / reference |",
-               "|---|---|---|---|---|---|---|---|---|---|"]
-        md += [f"| {m} | {row} | {ev:.2f} | {p['ours_ms']:.2f} | {p['engine']} | {p['reference_ms']:.2f} | "
-               f"{p['ours_ms'] / p['reference_ms']:.3f} | {unsettled(p)} |" for m, row, ev, p in pairs]
+        md += [
+            "",
+            "Each tuned build timed again on the board in turn with its reference in this process "
+            f"({pairs[0][3]['rounds']} rounds; the host drifts within a run, and the pipeline's own evaluation "
+            "runs inside its flow, minutes from the reference's timing):",
+            "",
+            "| model | TVM row | pipeline's evaluation ms | in turn: ours ms | in turn: reference | ms "
+            "| ours / reference | no wait between turns: ours ms | reference ms | ours / reference |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        md += [
+            f"| {m} | {row} | {ev:.2f} | {p['ours_ms']:.2f} | {p['engine']} | {p['reference_ms']:.2f} | "
+            f"{p['ours_ms'] / p['reference_ms']:.3f} | {unsettled(p)} |"
+            for m, row, ev, p in pairs
+        ]
     md += ["", *goals(rows, overhead)]
     md += curve_tables(res)
     if res.get("curves"):
-        refs = {f"{m} {e}": r["median_ms"] for r in rows for m, e in [(r["model"], r["engine"])]
-                if e.startswith("ONNX Runtime") and any(k.startswith(m + " ") for k in res["curves"])}
+        refs = {
+            f"{m} {e}": r["median_ms"]
+            for r in rows
+            for m, e in [(r["model"], r["engine"])]
+            if e.startswith("ONNX Runtime") and any(k.startswith(m + " ") for k in res["curves"])
+        }
         curve_plot(res["curves"], refs, out / "latency_vs_trials.png")
     for what, tasks in where.items():
         total = sum(t["ms_x_weight"] for t in tasks) or 1.0
-        md += ["", f"Where the time goes, {what} (best tuned latency x weight, top 5 of {len(tasks)} tuned tasks):",
-               "", "| task | weight | best ms | ms x weight | share |", "|---|---|---|---|---|"]
-        md += [f"| {t['task'][:60]} | {t['weight']} | {t['best_ms']:.3f} | {t['ms_x_weight']:.3f} | "
-               f"{100 * t['ms_x_weight'] / total:.0f}% |" for t in tasks[:5]]
+        md += [
+            "",
+            f"Where the time goes, {what} (best tuned latency x weight, top 5 of {len(tasks)} tuned tasks):",
+            "",
+            "| task | weight | best ms | ms x weight | share |",
+            "|---|---|---|---|---|",
+        ]
+        md += [
+            f"| {t['task'][:60]} | {t['weight']} | {t['best_ms']:.3f} | {t['ms_x_weight']:.3f} | "
+            f"{100 * t['ms_x_weight'] / total:.0f}% |"
+            for t in tasks[:5]
+        ]
     if overhead:
         md += ["", "| tuning | trials | tuning s | trials/min |", "|---|---|---|---|"]
         md += [f"| {k} | {v['trials']} | {v['tune_s']:.0f} | {v['trials_per_min']:.1f} |" for k, v in overhead.items()]

@@ -31,13 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from conv_gap import Kernel
 
 from vta_pipeline import machine
-from vta_pipeline.spaces.packed_conv import NCHW_CONV
 from vta_pipeline.passes.packed_ops import PACKED_CONV
 from vta_pipeline.passes.winograd import GEMM
+from vta_pipeline.spaces.packed_conv import NCHW_CONV
 
 CONVS = (PACKED_CONV, GEMM, NCHW_CONV)  # a conv task's reduction block
 
@@ -51,8 +50,9 @@ def conv_records(pick_best: Path) -> dict[str, Any]:
     from vta_pipeline.workload_keys import workload_key
 
     tasks = {t["workload_hash"]: t["task"] for t in json.loads((pick_best / "best.json").read_text())}
-    db = ms.database.JSONDatabase(str(pick_best / "database_workload.json"),
-                                  str(pick_best / "database_tuning_record.json"), allow_missing=False)
+    db = ms.database.JSONDatabase(
+        str(pick_best / "database_workload.json"), str(pick_best / "database_tuning_record.json"), allow_missing=False
+    )
     found = {}
     for record in db.get_all_tuning_records():
         sch = Schedule(record.workload.mod)
@@ -86,8 +86,13 @@ def evicted_ms(kernel: Kernel, evict: tuple[np.ndarray, np.ndarray] | None, runs
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--records", action="append", required=True, metavar="LABEL=DIR",
-                    help="a pick-best step directory, and the label of its column (two or more)")
+    ap.add_argument(
+        "--records",
+        action="append",
+        required=True,
+        metavar="LABEL=DIR",
+        help="a pick-best step directory, and the label of its column (two or more)",
+    )
     ap.add_argument("--evict", default="0,64,256", help="MB copied between runs, comma-separated (0: back to back)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=20, help="timed runs per kernel, eviction and round")
@@ -106,33 +111,59 @@ def main() -> None:
         raise SystemExit("the artifacts have no conv workload in common: are they of one network?")
     kernels = {h: {label: built(records[label][h][1]) for label in artifacts} for h in shared}
     times: dict[str, dict[str, dict[int, list[float]]]] = {
-        h: {label: {mb: [] for mb in sizes} for label in artifacts} for h in shared}
+        h: {label: {mb: [] for mb in sizes} for label in artifacts} for h in shared
+    }
     for r in range(args.rounds):
         for h in shared:
             for mb in sizes:
                 for label in artifacts:  # in turn: the artifacts see the same minutes
                     times[h][label][mb].append(evicted_ms(kernels[h][label], buffers[mb], args.runs))
         print(f"round {r + 1}/{args.rounds}", flush=True)
-    meta = {**machine.cpu(), "threads": args.threads, "artifacts": artifacts, "evict_mb": sizes,
-            "runs": args.runs, "rounds": args.rounds}
+    meta = {
+        **machine.cpu(),
+        "threads": args.threads,
+        "artifacts": artifacts,
+        "evict_mb": sizes,
+        "runs": args.runs,
+        "rounds": args.rounds,
+    }
     rows = []
     for h in shared:
         name = records[next(iter(artifacts))][h][0]
-        rows.append({"task": name, "ms": {label: {mb: float(np.median(v)) for mb, v in per.items()}
-                                          for label, per in times[h].items()}})
+        rows.append(
+            {
+                "task": name,
+                "ms": {label: {mb: float(np.median(v)) for mb, v in per.items()} for label, per in times[h].items()},
+            }
+        )
     labels = list(artifacts)
     head = [f"{label} {mb} MB" if mb else f"{label} warm" for mb in sizes for label in labels]
-    md = [f"Each conv kernel of {', '.join(labels)} (pick-best records), timed warm (back to back) and after a copy "
-          f"of {', '.join(str(s) for s in sizes if s)} MB between runs, the artifacts in turn, medians over "
-          f"{args.rounds} rounds of {args.runs} runs, ms; on {meta.get('cpu', '?')} "
-          f"({', '.join(meta.get('isa', []))}), {args.threads} threads.", "",
-          "| task | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+    md = [
+        f"Each conv kernel of {', '.join(labels)} (pick-best records), timed warm (back to back) and after a copy "
+        f"of {', '.join(str(s) for s in sizes if s)} MB between runs, the artifacts in turn, medians over "
+        f"{args.rounds} rounds of {args.runs} runs, ms; on {meta.get('cpu', '?')} "
+        f"({', '.join(meta.get('isa', []))}), {args.threads} threads.",
+        "",
+        "| task | " + " | ".join(head) + " |",
+        "|---|" + "---|" * len(head),
+    ]
     for row in sorted(rows, key=lambda r: -max(r["ms"][labels[0]].values())):
-        md.append(f"| {row['task'][:48]} | " + " | ".join(f"{row['ms'][label][mb]:.3f}" for mb in sizes
-                                                        for label in labels) + " |")
-    md += ["", "Sums: " + "; ".join(f"{'warm' if not mb else f'{mb} MB'}: " + ", ".join(
-        f"{label} {sum(r['ms'][label][mb] for r in rows):.3f}" for label in labels) for mb in sizes) + " ms "
-           "(each kernel once, not weighted by its calls in the network)."]
+        md.append(
+            f"| {row['task'][:48]} | "
+            + " | ".join(f"{row['ms'][label][mb]:.3f}" for mb in sizes for label in labels)
+            + " |"
+        )
+    md += [
+        "",
+        "Sums: "
+        + "; ".join(
+            f"{'warm' if not mb else f'{mb} MB'}: "
+            + ", ".join(f"{label} {sum(r['ms'][label][mb] for r in rows):.3f}" for label in labels)
+            for mb in sizes
+        )
+        + " ms "
+        "(each kernel once, not weighted by its calls in the network).",
+    ]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "evicted_weights.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (args.out / "evicted_weights.md").write_text("\n".join(md) + "\n")

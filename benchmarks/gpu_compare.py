@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import compare  # noqa: E402  (benchmarks/compare.py: the CPU benchmark's model and statistics)
+
 from vta_pipeline import boards, importers, machine, steps  # noqa: E402
 from vta_pipeline import build as build_mod  # noqa: E402
 from vta_pipeline.config import EvalConfig, build_config, parse_hostport  # noqa: E402
@@ -57,12 +58,21 @@ def gpu_facts() -> dict[str, Any]:
     """The GPU as nvidia-smi and PyTorch name it: name, driver, memory, compute capability."""
     import torch
 
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                          "--format=csv,noheader"], capture_output=True, text=True)
+    smi = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+    )
     major, minor = torch.cuda.get_device_capability(0)
-    return {"gpu": torch.cuda.get_device_name(0), "nvidia_smi": smi.stdout.strip(),
-            "compute_capability": f"{major}.{minor}", "arch": f"sm_{major}{minor}",
-            "torch": torch.__version__, "torch_cuda": torch.version.cuda, "torch_threads": torch.get_num_threads()}
+    return {
+        "gpu": torch.cuda.get_device_name(0),
+        "nvidia_smi": smi.stdout.strip(),
+        "compute_capability": f"{major}.{minor}",
+        "arch": f"sm_{major}{minor}",
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 def cuda_smoke(target_json: dict[str, Any]) -> str:
@@ -170,15 +180,24 @@ class Frameworks:
         except ImportError as e:
             return None, f"onnxruntime is not installed: {e}"
         if "CUDAExecutionProvider" not in ort.get_available_providers():
-            return None, (f"onnxruntime {ort.__version__} here has no CUDAExecutionProvider "
-                          f"(providers: {', '.join(ort.get_available_providers())}): it needs the onnxruntime-gpu "
-                          "package built for this machine's CUDA")
+            return None, (
+                f"onnxruntime {ort.__version__} here has no CUDAExecutionProvider "
+                f"(providers: {', '.join(ort.get_available_providers())}): it needs the onnxruntime-gpu "
+                "package built for this machine's CUDA"
+            )
         try:  # any failure here costs the ORT row only, not the run
             if hasattr(ort, "preload_dlls"):  # cuDNN / cuBLAS from the nvidia-* packages PyTorch brought
                 ort.preload_dlls()
             path = work / "model.onnx"
-            torch.onnx.export(copy.deepcopy(self.model).cpu(), (torch.from_numpy(self.x_cpu),), str(path),
-                              input_names=["data"], output_names=["out"], opset_version=17, dynamo=False)
+            torch.onnx.export(
+                copy.deepcopy(self.model).cpu(),
+                (torch.from_numpy(self.x_cpu),),
+                str(path),
+                input_names=["data"],
+                output_names=["out"],
+                opset_version=17,
+                dynamo=False,
+            )
             sess = ort.InferenceSession(str(path), providers=["CUDAExecutionProvider"])
             if sess.get_providers()[0] != "CUDAExecutionProvider":
                 return None, f"ONNX Runtime fell back to {sess.get_providers()}"
@@ -187,10 +206,12 @@ class Frameworks:
             self.ort_check = {"version": ort.__version__, "max_abs_vs_torch_gpu": float((ort_y - y_torch).abs().max())}
             try:  # strict fp32 beside it: the CUDA provider may run convolutions on TF32 tensor cores
                 self.ort_strict = ort.InferenceSession(
-                    str(path), providers=[("CUDAExecutionProvider", {"use_tf32": "0"})])
+                    str(path), providers=[("CUDAExecutionProvider", {"use_tf32": "0"})]
+                )
                 self.ort_strict_io, y = self._bind(self.ort_strict, y_torch.shape)
                 self.ort_check["tf32_off_max_abs_vs_torch_gpu_tf32_off"] = float(
-                    (y - torch.from_numpy(self.reference(allow_tf32=False))).abs().max())
+                    (y - torch.from_numpy(self.reference(allow_tf32=False))).abs().max()
+                )
             except Exception as e:
                 self.ort_strict, self.ort_check["tf32_off"] = None, f"{type(e).__name__}: {str(e)[-300:]}"
             log(f"ONNX Runtime {ort.__version__} on the CUDA provider: {self.ort_check}")
@@ -223,17 +244,20 @@ class Frameworks:
             res["torch.compile fp32 (inductor)"] = stats(gpu_timed(lambda: self.compiled(self.x), runs))
         if self.ort is not None:
             feed = {"data": self.x_cpu}
-            res["ONNX Runtime fp32 (CUDA provider)"] = stats(gpu_timed(
-                lambda: self.ort.run_with_iobinding(self.ort_io), runs))
-            res["ONNX Runtime fp32 (CUDA provider, numpy in and out)"] = stats(gpu_timed(
-                lambda: self.ort.run(None, feed), runs))
+            res["ONNX Runtime fp32 (CUDA provider)"] = stats(
+                gpu_timed(lambda: self.ort.run_with_iobinding(self.ort_io), runs)
+            )
+            res["ONNX Runtime fp32 (CUDA provider, numpy in and out)"] = stats(
+                gpu_timed(lambda: self.ort.run(None, feed), runs)
+            )
         # Strict fp32, as TVM's kernels are: PyTorch's cuDNN convolutions may use TF32 by default
         with torch.inference_mode(), tf32(False):
             res["PyTorch eager fp32 (NCHW, TF32 off)"] = stats(gpu_timed(lambda: self.model(self.x), runs))
             res["torch.compile fp32 (inductor, TF32 off)"] = stats(gpu_timed(lambda: self.compiled(self.x), runs))
         if self.ort is not None and self.ort_strict is not None:
-            res["ONNX Runtime fp32 (CUDA provider, TF32 off)"] = stats(gpu_timed(
-                lambda: self.ort_strict.run_with_iobinding(self.ort_strict_io), runs))
+            res["ONNX Runtime fp32 (CUDA provider, TF32 off)"] = stats(
+                gpu_timed(lambda: self.ort_strict.run_with_iobinding(self.ort_strict_io), runs)
+            )
         return res
 
     def reference(self, allow_tf32: bool = True) -> np.ndarray:
@@ -245,8 +269,14 @@ class Frameworks:
 
 
 # ---- our pipeline -----------------------------------------------------------------------------
-def tvm_rounds(args, facts: dict[str, Any], res: dict[str, Any], save: Callable[[], None], t_start: float,
-               y_torch: np.ndarray | None = None) -> None:
+def tvm_rounds(
+    args,
+    facts: dict[str, Any],
+    res: dict[str, Any],
+    save: Callable[[], None],
+    t_start: float,
+    y_torch: np.ndarray | None = None,
+) -> None:
     """Tune, build and evaluate in rounds of `args.trials`, on a local board with this GPU.
 
     Tuning stops at the deadline (`args.deadline_min` after `t_start`), between tasks: the
@@ -254,12 +284,21 @@ def tvm_rounds(args, facts: dict[str, Any], res: dict[str, Any], save: Callable[
     default GPU schedules), so a run cut short still leaves a measured point."""
     deadline = t_start + args.deadline_min * 60
     target_name, key = args.target or f"cuda:{facts['arch']}", args.key
-    cfg = build_config(None, {
-        "model.source": args.source, "model.name": args.model, "model.seed": args.seed,
-        "target": target_name, "board.key": key, "store": str(args.store),
-        "tune.trials_per_batch": args.batch, "tune.task_filter": args.tasks,
-        "measure.min_repeat_ms": args.min_repeat_ms, "tune.retime_top": args.retime_top,
-    })
+    cfg = build_config(
+        None,
+        {
+            "model.source": args.source,
+            "model.name": args.model,
+            "model.seed": args.seed,
+            "target": target_name,
+            "board.key": key,
+            "store": str(args.store),
+            "tune.trials_per_batch": args.batch,
+            "tune.task_filter": args.tasks,
+            "measure.min_repeat_ms": args.min_repeat_ms,
+            "tune.retime_top": args.retime_top,
+        },
+    )
     target = resolve_target(cfg.target)
     steps.check_target(cfg, target)
     store = ArtifactStore(cfg.store)
@@ -287,8 +326,11 @@ def tvm_rounds(args, facts: dict[str, Any], res: dict[str, Any], save: Callable[
         t0 = time.time()
         untuned = steps.build_step(store, extracted, None, target)
         ev = steps.evaluate_step(store, untuned, fetched, target, tracker, key, ev_cfg).meta
-        res["tvm"]["untuned"] = {**_ev_row(ev), "build_s": time.time() - t0,
-                                 "cross_check": cross_check(untuned, fetched, y_torch, target.device, args.runs)}
+        res["tvm"]["untuned"] = {
+            **_ev_row(ev),
+            "build_s": time.time() - t0,
+            "cross_check": cross_check(untuned, fetched, y_torch, target.device, args.runs),
+        }
         log(f"untuned: {ev['mean_ms']:.3f} ms, output check {'passed' if ev['correct'] else 'FAILED'}")
         save()
 
@@ -308,8 +350,10 @@ def tvm_rounds(args, facts: dict[str, Any], res: dict[str, Any], save: Callable[
             tuned = []
             for i, task in enumerate(tasks):
                 if time.time() > deadline:
-                    res["tvm"]["stopped"] = (f"the deadline came after {i} of {len(tasks)} tasks of the "
-                                             f"{budget}-trial round; the rest keep TVM's default GPU schedules")
+                    res["tvm"]["stopped"] = (
+                        f"the deadline came after {i} of {len(tasks)} tasks of the "
+                        f"{budget}-trial round; the rest keep TVM's default GPU schedules"
+                    )
                     log(f"stop: {res['tvm']['stopped']}")
                     break
                 t_task = time.time()
@@ -323,10 +367,14 @@ def tvm_rounds(args, facts: dict[str, Any], res: dict[str, Any], save: Callable[
                 tuned.append((task, art))
                 seconds = time.time() - t_task
                 res["tvm"].setdefault("task_seconds", {})[f"{task.name}@{budget}"] = seconds
-                res["tvm"]["in_progress"] = {"trials_per_task": budget,
-                                             "best_ms": {t.name: a.meta.get("best_latency_ms") for t, a in tuned}}
-                log(f"  [{i + 1}/{len(tasks)}] {task.name}: best {art.meta.get('best_latency_ms')} ms, TVM's default "
-                    f"GPU schedule {art.meta.get('default_ms')} ms ({art.meta.get('trials')} trials, {seconds:.0f} s)")
+                res["tvm"]["in_progress"] = {
+                    "trials_per_task": budget,
+                    "best_ms": {t.name: a.meta.get("best_latency_ms") for t, a in tuned},
+                }
+                log(
+                    f"  [{i + 1}/{len(tasks)}] {task.name}: best {art.meta.get('best_latency_ms')} ms, TVM's default "
+                    f"GPU schedule {art.meta.get('default_ms')} ms ({art.meta.get('trials')} trials, {seconds:.0f} s)"
+                )
                 save()
             if not tuned and res["tvm"].get("stopped"):
                 break
@@ -336,12 +384,20 @@ def tvm_rounds(args, facts: dict[str, Any], res: dict[str, Any], save: Callable[
             tuning_s += time.time() - t_round
             lib = steps.build_step(store, extracted, best, target)
             ev = steps.evaluate_step(store, lib, fetched, target, tracker, key, ev_cfg).meta
-            point = {"trials_per_task": budget, **_ev_row(ev), "tuning_s": tuning_s, "round_s": time.time() - t_round,
-                     "tasks_tuned": len(tuned), "tasks": {t.name: a.meta for t, a in tuned},
-                     "cross_check": cross_check(lib, fetched, y_torch, target.device, args.runs)}
+            point = {
+                "trials_per_task": budget,
+                **_ev_row(ev),
+                "tuning_s": tuning_s,
+                "round_s": time.time() - t_round,
+                "tasks_tuned": len(tuned),
+                "tasks": {t.name: a.meta for t, a in tuned},
+                "cross_check": cross_check(lib, fetched, y_torch, target.device, args.runs),
+            }
             res["tvm"]["points"].append(point)
-            log(f"{budget} trials/task: {ev['mean_ms']:.3f} ms (median {ev.get('median_ms')}), output check "
-                f"{'passed' if ev['correct'] else 'FAILED'}, tuning so far {tuning_s:.0f} s")
+            log(
+                f"{budget} trials/task: {ev['mean_ms']:.3f} ms (median {ev.get('median_ms')}), output check "
+                f"{'passed' if ev['correct'] else 'FAILED'}, tuning so far {tuning_s:.0f} s"
+            )
             res["tvm"].pop("in_progress", None)
             save()
             if res["tvm"].get("stopped"):
@@ -381,15 +437,19 @@ def _ev_row(ev: dict[str, Any]) -> dict[str, Any]:
 # ---- the report -------------------------------------------------------------------------------
 def markdown(res: dict[str, Any]) -> str:
     facts = res.get("facts", {})
-    lines = [f"# resnet18 fp32 on {facts.get('gpu')}: tuned TVM vs PyTorch and ONNX Runtime", "",
-             f"- GPU: {facts.get('nvidia_smi')} (compute capability {facts.get('compute_capability')})",
-             f"- host: {res['cpu']['cpu']} ({res['cpu']['logical_cpus']} logical CPUs); torch "
-             f"{facts.get('torch')} (CUDA {facts.get('torch_cuda')}); TVM {res.get('tvm_version')}; "
-             f"commit {res['commit']}; host threads: PyTorch {facts.get('torch_threads')}, the board's rpc_server "
-             f"{res.get('tvm', {}).get('board_threads')}",
-             f"- batch 1, {SHAPE[1]}x{SHAPE[2]}x{SHAPE[3]}, random weights (seed {res['seed']}); frameworks: "
-             f"median of {res['runs']} synchronised runs; TVM: the board's evaluation (median of its timed "
-             "repeats)", ""]
+    lines = [
+        f"# resnet18 fp32 on {facts.get('gpu')}: tuned TVM vs PyTorch and ONNX Runtime",
+        "",
+        f"- GPU: {facts.get('nvidia_smi')} (compute capability {facts.get('compute_capability')})",
+        f"- host: {res['cpu']['cpu']} ({res['cpu']['logical_cpus']} logical CPUs); torch "
+        f"{facts.get('torch')} (CUDA {facts.get('torch_cuda')}); TVM {res.get('tvm_version')}; "
+        f"commit {res['commit']}; host threads: PyTorch {facts.get('torch_threads')}, the board's rpc_server "
+        f"{res.get('tvm', {}).get('board_threads')}",
+        f"- batch 1, {SHAPE[1]}x{SHAPE[2]}x{SHAPE[3]}, random weights (seed {res['seed']}); frameworks: "
+        f"median of {res['runs']} synchronised runs; TVM: the board's evaluation (median of its timed "
+        "repeats)",
+        "",
+    ]
     lines += ["| engine | ms (median) | p90 | measured | vs torch.compile |", "|---|---|---|---|---|"]
     fw = {**res.get("frameworks_before", {}), **res.get("frameworks_after", {})}  # after the tuning, where run
     ref = fw.get("torch.compile fp32 (inductor)", {}).get("median_ms")
@@ -399,32 +459,47 @@ def markdown(res: dict[str, Any]) -> str:
 
     for name, row in fw.items():
         when = "after the tuning" if name in res.get("frameworks_after", {}) else "before the tuning"
-        lines.append(f"| {name} | {row['median_ms']:.3f} | {row['p90_ms']:.3f} | {row['runs']} runs {when} | "
-                     f"{ratio(row['median_ms'])} |")
+        lines.append(
+            f"| {name} | {row['median_ms']:.3f} | {row['p90_ms']:.3f} | {row['runs']} runs {when} | "
+            f"{ratio(row['median_ms'])} |"
+        )
     if res.get("ort_check"):
         c = res["ort_check"]
-        lines.append(f"| (ONNX Runtime {c['version']}: input and output bound in GPU memory; largest difference "
-                     f"from PyTorch on the GPU {c['max_abs_vs_torch_gpu']:.2e}"
-                     + (f"; with TF32 off in both, {c['tf32_off_max_abs_vs_torch_gpu_tf32_off']:.2e}"
-                        if "tf32_off_max_abs_vs_torch_gpu_tf32_off" in c else "") + ") | | | | |")
+        lines.append(
+            f"| (ONNX Runtime {c['version']}: input and output bound in GPU memory; largest difference "
+            f"from PyTorch on the GPU {c['max_abs_vs_torch_gpu']:.2e}"
+            + (
+                f"; with TF32 off in both, {c['tf32_off_max_abs_vs_torch_gpu_tf32_off']:.2e}"
+                if "tf32_off_max_abs_vs_torch_gpu_tf32_off" in c
+                else ""
+            )
+            + ") | | | | |"
+        )
     if res.get("ort_note"):
         lines.append(f"| ONNX Runtime fp32 (CUDA provider) | - | - | not run: {res['ort_note']} | - |")
     tvm = res.get("tvm", {})
     if "untuned" in tvm:
         u = tvm["untuned"]
-        lines.append(f"| TVM untuned (default GPU schedules) | {u['median_ms']:.3f} | - | on the board | "
-                     f"{ratio(u['median_ms'])} |")
+        lines.append(
+            f"| TVM untuned (default GPU schedules) | {u['median_ms']:.3f} | - | on the board | "
+            f"{ratio(u['median_ms'])} |"
+        )
         _wall_row(lines, "TVM untuned", u.get("cross_check", {}), ratio)
     for p in tvm.get("points", []):
         of = f", {p['tasks_tuned']} of {len(tvm['tasks'])} tasks" if p["tasks_tuned"] < len(tvm["tasks"]) else ""
-        lines.append(f"| TVM tuned, {p['trials_per_task']} trials/task{of} ({p['tuning_s'] / 60:.1f} min) | "
-                     f"{p['median_ms']:.3f} | - | on the board, output check {'passed' if p['correct'] else 'FAILED'}"
-                     f" | {ratio(p['median_ms'])} |")
+        lines.append(
+            f"| TVM tuned, {p['trials_per_task']} trials/task{of} ({p['tuning_s'] / 60:.1f} min) | "
+            f"{p['median_ms']:.3f} | - | on the board, output check {'passed' if p['correct'] else 'FAILED'}"
+            f" | {ratio(p['median_ms'])} |"
+        )
         _wall_row(lines, f"TVM tuned, {p['trials_per_task']} trials/task", p.get("cross_check", {}), ratio)
     if tvm.get("in_progress"):
         prog = tvm["in_progress"]
-        lines += ["", f"Tasks tuned in the unfinished {prog['trials_per_task']}-trial round (best ms): "
-                  + ", ".join(f"{k} {v:.4f}" for k, v in prog["best_ms"].items() if v is not None)]
+        lines += [
+            "",
+            f"Tasks tuned in the unfinished {prog['trials_per_task']}-trial round (best ms): "
+            + ", ".join(f"{k} {v:.4f}" for k, v in prog["best_ms"].items() if v is not None),
+        ]
     if tvm.get("stopped"):
         lines += ["", f"Tuning stopped at the deadline: {tvm['stopped']}."]
     if "compile_s" in res:
@@ -436,8 +511,10 @@ def markdown(res: dict[str, Any]) -> str:
 
 def _wall_row(lines: list[str], name: str, check: dict[str, Any], ratio: Callable[[float], str]) -> None:
     if "wall_median_ms" in check:
-        lines.append(f"| {name}, in-process | {check['wall_median_ms']:.3f} | {check['wall_p90_ms']:.3f} | "
-                     f"{check['wall_runs']} runs as the frameworks' | {ratio(check['wall_median_ms'])} |")
+        lines.append(
+            f"| {name}, in-process | {check['wall_median_ms']:.3f} | {check['wall_p90_ms']:.3f} | "
+            f"{check['wall_runs']} runs as the frameworks' | {ratio(check['wall_median_ms'])} |"
+        )
 
 
 def main() -> None:
@@ -448,13 +525,25 @@ def main() -> None:
     p.add_argument("--target", default=None, help="a CUDA preset (default: cuda:sm_XX of this GPU)")
     p.add_argument("--trials", default="16,32", help="budgets per task, in rounds (comma-separated)")
     p.add_argument("--batch", type=int, default=16, help="candidates per search round")
-    p.add_argument("--tasks", default="conv2d", choices=["conv2d", "all"],
-                   help="which tasks to tune (conv2d: the rest keeps TVM's default GPU schedules)")
-    p.add_argument("--deadline-min", type=float, default=30.0,
-                   help="minutes after the start by which tuning stops (between tasks; the network is then built "
-                        "with what was tuned), and no round starts that its pace says would pass it")
-    p.add_argument("--min-repeat-ms", type=int, default=20,
-                   help="a candidate's shortest timed repeat (GPU kernels take microseconds; the CPU default is 150)")
+    p.add_argument(
+        "--tasks",
+        default="conv2d",
+        choices=["conv2d", "all"],
+        help="which tasks to tune (conv2d: the rest keeps TVM's default GPU schedules)",
+    )
+    p.add_argument(
+        "--deadline-min",
+        type=float,
+        default=30.0,
+        help="minutes after the start by which tuning stops (between tasks; the network is then built "
+        "with what was tuned), and no round starts that its pace says would pass it",
+    )
+    p.add_argument(
+        "--min-repeat-ms",
+        type=int,
+        default=20,
+        help="a candidate's shortest timed repeat (GPU kernels take microseconds; the CPU default is 150)",
+    )
     p.add_argument("--retime-top", type=int, default=8, help="each task's best records re-timed in turn (1: off)")
     p.add_argument("--runs", type=int, default=200, help="timed runs per framework")
     p.add_argument("--eval-repeat", type=int, default=50)
@@ -468,10 +557,16 @@ def main() -> None:
     args.store = args.store or work / "store"  # a kept --store resumes the tuning
     import tvm
 
-    res: dict[str, Any] = {"model": args.model, "seed": args.seed, "runs": args.runs, "trials": args.trials,
-                           "cpu": machine.cpu(),
-                           "commit": os.environ.get("VTA_PIPELINE_COMMIT") or machine.source_commit(),
-                           "tvm_version": tvm.__version__, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    res: dict[str, Any] = {
+        "model": args.model,
+        "seed": args.seed,
+        "runs": args.runs,
+        "trials": args.trials,
+        "cpu": machine.cpu(),
+        "commit": os.environ.get("VTA_PIPELINE_COMMIT") or machine.source_commit(),
+        "tvm_version": tvm.__version__,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     t0 = time.time()
 
     def save() -> None:

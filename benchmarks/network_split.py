@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from compare import ort_quantize, torch_model
 from conv_gap import SPIN, InstrumentedVM, alternating, ort_session
 
@@ -74,8 +73,15 @@ def split(model: str, lib: Path, int8: bool, threads: int, runs: int) -> dict[st
     work = Path(tempfile.mkdtemp())
     x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
     onnx_path = work / f"{model}.onnx"
-    torch.onnx.export(torch_model(model, 0), (torch.from_numpy(x),), str(onnx_path), input_names=["data"],
-                      output_names=["out"], opset_version=17, dynamo=False)
+    torch.onnx.export(
+        torch_model(model, 0),
+        (torch.from_numpy(x),),
+        str(onnx_path),
+        input_names=["data"],
+        output_names=["out"],
+        opset_version=17,
+        dynamo=False,
+    )
     if int8:
         quantized = work / f"{model}.u8s8.onnx"
         ort_quantize(onnx_path, quantized, x.shape, 1)
@@ -85,8 +91,9 @@ def split(model: str, lib: Path, int8: bool, threads: int, runs: int) -> dict[st
 
     plain_vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib)), tvm.cpu())
     plain_sess, xt = ort_session(onnx_path, threads), tvm.runtime.tensor(x)
-    plain = alternating({"ours": lambda: plain_vm["main"](xt), "ort": lambda: plain_sess.run(None, {"data": x})},
-                        2 * runs)  # the networks as they run, neither instrumented
+    plain = alternating(
+        {"ours": lambda: plain_vm["main"](xt), "ort": lambda: plain_sess.run(None, {"data": x})}, 2 * runs
+    )  # the networks as they run, neither instrumented
     vm = InstrumentedVM(lib)
     sess = ort_session(onnx_path, threads, profile=work / "ort_profile")
     warm = 3  # ORT profiles from its session's start: these runs' events are dropped
@@ -121,8 +128,10 @@ def split(model: str, lib: Path, int8: bool, threads: int, runs: int) -> dict[st
     return {
         "ours_ms": {k: float(np.median(v)) for k, v in sorted(ours.items(), key=lambda kv: -np.median(kv[1]))},
         "ort_ms": {k: float(np.median(v)) for k, v in sorted(ort_kinds.items(), key=lambda kv: -np.median(kv[1]))},
-        "functions": {k: {"ms": float(np.median(v)), "calls": ncalls[k]}
-                      for k, v in sorted(functions.items(), key=lambda kv: -np.median(kv[1]))},
+        "functions": {
+            k: {"ms": float(np.median(v)), "calls": ncalls[k]}
+            for k, v in sorted(functions.items(), key=lambda kv: -np.median(kv[1]))
+        },
         "network_ms": {k: float(np.median(v)) for k, v in wall.items()},
         "network_plain_ms": plain,
     }
@@ -145,9 +154,14 @@ def in_network_vs_alone(functions: dict[str, dict[str, float]], best: dict[str, 
     """Each kernel's time inside the network beside its tuning's best (alone, warm caches) x its
     calls: what the tuner measured and what the network gets. A VM function is its task's
     kernel; `_prepacked` is the same kernel taking its weights pre-laid-out."""
-    md = ["", "Each kernel inside the network (instrumented, per run) beside what tuning measured for it "
-          "alone (best ms x calls per run):", "",
-          "| function | calls | in network ms | tuned alone ms | ratio |", "|---|---|---|---|---|"]
+    md = [
+        "",
+        "Each kernel inside the network (instrumented, per run) beside what tuning measured for it "
+        "alone (best ms x calls per run):",
+        "",
+        "| function | calls | in network ms | tuned alone ms | ratio |",
+        "|---|---|---|---|---|",
+    ]
     inside = alone = 0.0
     for name, f in functions.items():
         task = re.sub(r"_prepacked$", "", name)
@@ -173,23 +187,37 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.update(SPIN, TVM_NUM_THREADS=str(args.threads))
     res = split(args.model, args.build, args.int8, args.threads, args.runs)
-    meta = {**machine.cpu(), "threads": args.threads, "model": args.model, "build": str(args.build),
-            "int8": args.int8, "runs": args.runs, "date": time.strftime("%Y-%m-%d %H:%M")}
+    meta = {
+        **machine.cpu(),
+        "threads": args.threads,
+        "model": args.model,
+        "build": str(args.build),
+        "int8": args.int8,
+        "runs": args.runs,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
     ref = "ONNX Runtime int8 (U8S8 QDQ)" if args.int8 else "ONNX Runtime fp32"
-    md = [f"{args.model}: our build ({args.build}) beside {ref}, one run of each in turn, {args.runs} runs "
-          f"(medians), {meta['date']}, on {meta.get('cpu', '?')} ({', '.join(meta.get('isa', []))}), "
-          f"{args.threads} threads, thread pools not spinning.", "",
-          f"Network, neither instrumented, run in turn ({2 * args.runs} runs each): ours "
-          f"{res['network_plain_ms']['ours']:.2f} ms, ORT {res['network_plain_ms']['ort']:.2f} ms. "
-          f"Instrumented / profiled (below): ours {res['network_ms']['ours']:.2f} ms, "
-          f"ORT {res['network_ms']['ort']:.2f} ms.", "",
-          "| ours: kind | ms | | ORT: op | ms |", "|---|---|---|---|---|"]
+    md = [
+        f"{args.model}: our build ({args.build}) beside {ref}, one run of each in turn, {args.runs} runs "
+        f"(medians), {meta['date']}, on {meta.get('cpu', '?')} ({', '.join(meta.get('isa', []))}), "
+        f"{args.threads} threads, thread pools not spinning.",
+        "",
+        f"Network, neither instrumented, run in turn ({2 * args.runs} runs each): ours "
+        f"{res['network_plain_ms']['ours']:.2f} ms, ORT {res['network_plain_ms']['ort']:.2f} ms. "
+        f"Instrumented / profiled (below): ours {res['network_ms']['ours']:.2f} ms, "
+        f"ORT {res['network_ms']['ort']:.2f} ms.",
+        "",
+        "| ours: kind | ms | | ORT: op | ms |",
+        "|---|---|---|---|---|",
+    ]
     a, b = list(res["ours_ms"].items()), list(res["ort_ms"].items())
     for i in range(max(len(a), len(b))):
         left = f"{a[i][0]} | {a[i][1]:.3f}" if i < len(a) else " | "
         right = f"{b[i][0]} | {b[i][1]:.3f}" if i < len(b) else " | "
         md.append(f"| {left} | | {right} |")
-    md.append(f"| **sum** | **{sum(res['ours_ms'].values()):.2f}** | | **sum** | **{sum(res['ort_ms'].values()):.2f}** |")
+    md.append(
+        f"| **sum** | **{sum(res['ours_ms'].values()):.2f}** | | **sum** | **{sum(res['ort_ms'].values()):.2f}** |"
+    )
     best = tuned_best(args.build.resolve())
     if best:
         md += in_network_vs_alone(res["functions"], best)

@@ -28,8 +28,11 @@ from vta_pipeline.config import PipelineConfig  # noqa: E402
 def tuned_build(store: Path) -> tuple[dict, Path, Path]:
     """The store's last run, its tuned model.so and its fetched model directory."""
     run = json.loads(max((store / "runs").glob("*.json"), key=os.path.getmtime).read_text())
-    lib = next(p for p in (store / "steps" / "build").glob("*/model.so")
-               if run["tuned"]["build_id"] in (p.parent / "manifest.json").read_text())
+    lib = next(
+        p
+        for p in (store / "steps" / "build").glob("*/model.so")
+        if run["tuned"]["build_id"] in (p.parent / "manifest.json").read_text()
+    )
     return run, lib, next((store / "steps" / "fetch").glob("*/"))
 
 
@@ -44,8 +47,15 @@ def main() -> None:
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
     from tvm.target import codegen
 
-    out = {"meta": {**machine.cpu(), "mcpu": codegen.llvm_get_system_cpu(), "threads": args.threads,
-                    "commit": machine.source_commit(), "date": time.strftime("%Y-%m-%d %H:%M")}}
+    out = {
+        "meta": {
+            **machine.cpu(),
+            "mcpu": codegen.llvm_get_system_cpu(),
+            "threads": args.threads,
+            "commit": machine.source_commit(),
+            "date": time.strftime("%Y-%m-%d %H:%M"),
+        }
+    }
     board = LocalBoard(key="retime", num_servers=1).start()
     try:
         for net in args.networks:
@@ -53,10 +63,12 @@ def main() -> None:
             x, y = importers.load_reference(fetched)
             with tempfile.TemporaryDirectory() as work:
                 onnx = baseline.onnx_model(PipelineConfig.model_validate(run["config"]), fetched, Path(work))
-                r = baseline.compare(lib, onnx, x, y, (board.host, board.port), board.key, args.threads,
-                                     args.rounds)
-            print(f"{net}: ours {r['ours_ms']:.3f} ms, ORT {r['ort_ms']:.3f} ms, {r['ratio']:.2f}x; rounds "
-                  f"{r['ours_rounds_ms']} / {r['ort_rounds_ms']}", flush=True)
+                r = baseline.compare(lib, onnx, x, y, (board.host, board.port), board.key, args.threads, args.rounds)
+            print(
+                f"{net}: ours {r['ours_ms']:.3f} ms, ORT {r['ort_ms']:.3f} ms, {r['ratio']:.2f}x; rounds "
+                f"{r['ours_rounds_ms']} / {r['ort_rounds_ms']}",
+                flush=True,
+            )
             out[net] = r
     finally:
         board.stop()

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-
 from conv_gap import SPIN, Kernel, alternating, conv_model, kept_record, ort_session, task_conv_key, tuned_tasks
 
 from vta_pipeline import machine
@@ -52,8 +51,12 @@ def every_schedule(workload, target) -> list[tuple[str, Any]]:
 
     from vta_pipeline.spaces import packed_conv as packed_conv_space
 
-    ctx = ms.TuneContext(mod=workload, target=target, task_name="sweep",
-                         space_generator=packed_conv_space.space_generator(target, "float"))
+    ctx = ms.TuneContext(
+        mod=workload,
+        target=target,
+        task_name="sweep",
+        space_generator=packed_conv_space.space_generator(target, "float"),
+    )
     out = []
     for s, space in enumerate(ctx.space_generator.generate_design_space(workload)):
         trace = space.trace
@@ -107,35 +110,57 @@ def main() -> None:
     model, x, flops = conv_model(*task["workload"])
     sess = ort_session(model, args.threads)
     ort = "ONNX Runtime one-conv"
-    fns: dict[str, Callable[[], Any]] = {ort: lambda: sess.run(None, {"x": x}),
-                                         f"search's kept record (best of {trials} records)": searched}
+    fns: dict[str, Callable[[], Any]] = {
+        ort: lambda: sess.run(None, {"x": x}),
+        f"search's kept record (best of {trials} records)": searched,
+    }
     fns.update({f"sweep #{i + 1}: {s['schedule']}": s["kernel"] for i, s in enumerate(built[: args.top])})
     rounds = [alternating(fns, args.runs) for _ in range(args.rounds)]
     rows = []
     for name, fn in fns.items():
-        row = {"name": name, "in_turn_ms": float(np.median([r[name] for r in rounds])),
-               "vs_ort_per_round": [r[name] / r[ort] for r in rounds]}
+        row = {
+            "name": name,
+            "in_turn_ms": float(np.median([r[name] for r in rounds])),
+            "vs_ort_per_round": [r[name] / r[ort] for r in rounds],
+        }
         if isinstance(fn, Kernel):
-            row |= {"hot_ms": float(np.median([fn.hot_ms() for _ in range(3)])),
-                    "cold_ms": float(np.median([fn.cold_ms() for _ in range(3)]))}
+            row |= {
+                "hot_ms": float(np.median([fn.hot_ms() for _ in range(3)])),
+                "cold_ms": float(np.median([fn.cold_ms() for _ in range(3)])),
+            }
         rows.append(row)
 
     hots = [s["hot_ms"] for s in built]
-    meta = {**machine.cpu(), "threads": args.threads, "run": str(args.run), "what": args.what, "conv": args.conv,
-            "task": task["task"], "workload": task["workload"], "gflop": flops / 1e9, "search_trials": trials,
-            "schedules": len(swept), "failed": sum("error" in s for s in swept),
-            "hot_ms_min_median_max": [min(hots), float(np.median(hots)), max(hots)]}
-    md = [f"{args.what}, conv {args.conv} (`{task['task']}`): every schedule of the packed-conv space "
-          f"({len(swept)} that fit the registers, {meta['failed']} failed to build) timed hot once (min "
-          f"{min(hots):.3f}, median {np.median(hots):.3f}, max {max(hots):.3f} ms), then the fastest {args.top}, the "
-          f"search's kept record and ONNX Runtime's one-conv model one run of each in turn, {args.rounds} rounds of "
-          f"{args.runs} runs, on {meta.get('cpu', '?')} ({', '.join(meta.get('isa', []))}), {args.threads} threads.",
-          "", "| kernel | in turn ms (median over rounds) | / ORT (range over rounds) | hot ms | weights flushed ms |",
-          "|---|---|---|---|---|"]
+    meta = {
+        **machine.cpu(),
+        "threads": args.threads,
+        "run": str(args.run),
+        "what": args.what,
+        "conv": args.conv,
+        "task": task["task"],
+        "workload": task["workload"],
+        "gflop": flops / 1e9,
+        "search_trials": trials,
+        "schedules": len(swept),
+        "failed": sum("error" in s for s in swept),
+        "hot_ms_min_median_max": [min(hots), float(np.median(hots)), max(hots)],
+    }
+    md = [
+        f"{args.what}, conv {args.conv} (`{task['task']}`): every schedule of the packed-conv space "
+        f"({len(swept)} that fit the registers, {meta['failed']} failed to build) timed hot once (min "
+        f"{min(hots):.3f}, median {np.median(hots):.3f}, max {max(hots):.3f} ms), then the fastest {args.top}, the "
+        f"search's kept record and ONNX Runtime's one-conv model one run of each in turn, {args.rounds} rounds of "
+        f"{args.runs} runs, on {meta.get('cpu', '?')} ({', '.join(meta.get('isa', []))}), {args.threads} threads.",
+        "",
+        "| kernel | in turn ms (median over rounds) | / ORT (range over rounds) | hot ms | weights flushed ms |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
         lo, hi = min(r["vs_ort_per_round"]), max(r["vs_ort_per_round"])
-        md.append(f"| {r['name']} | {r['in_turn_ms']:.3f} | {np.median(r['vs_ort_per_round']):.2f} "
-                  f"({lo:.2f}-{hi:.2f}) | {r.get('hot_ms', float('nan')):.3f} | {r.get('cold_ms', float('nan')):.3f} |")
+        md.append(
+            f"| {r['name']} | {r['in_turn_ms']:.3f} | {np.median(r['vs_ort_per_round']):.2f} "
+            f"({lo:.2f}-{hi:.2f}) | {r.get('hot_ms', float('nan')):.3f} | {r.get('cold_ms', float('nan')):.3f} |"
+        )
     out = args.out or args.run
     out.mkdir(parents=True, exist_ok=True)
     stem = "space_sweep_" + re.sub(r"[^0-9a-z+]+", "_", args.conv.lower()).strip("_")

@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from builds_in_turn import copy_gbps
 
 from vta_pipeline import machine
@@ -95,23 +94,36 @@ def main() -> None:
         time.sleep(0.5)
         out["rows_us"].append(chain_us(rows, a, b))
         out["channels_us"].append(chain_us(chans, a, b))
-        print(f"round {r}: host copy {out['host_copy_gbps'][-1]:.0f} GB/s, by rows {out['rows_us'][-1]:.1f} us, "
-              f"by channels {out['channels_us'][-1]:.1f} us per kernel", flush=True)
+        print(
+            f"round {r}: host copy {out['host_copy_gbps'][-1]:.0f} GB/s, by rows {out['rows_us'][-1]:.1f} us, "
+            f"by channels {out['channels_us'][-1]:.1f} us per kernel",
+            flush=True,
+        )
         time.sleep(0.5)
-    meta = {**machine.cpu(), "threads": args.threads, "shape": list(shape), "commit": machine.source_commit(),
-            "date": time.strftime("%Y-%m-%d %H:%M")}
+    meta = {
+        **machine.cpu(),
+        "threads": args.threads,
+        "shape": list(shape),
+        "commit": machine.source_commit(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
     gbps = np.array(out["host_copy_gbps"])
     mid = (gbps.max() + gbps.min()) / 2
-    md = [f"A chain of {shape} float kernels, each reading a channel and its mirror, split between {args.threads} "
-          f"threads by rows or by channels; {args.rounds} rounds, {meta['date']}, {meta.get('cpu', '?')} "
-          f"({', '.join(meta.get('isa', []))}), commit {meta['commit']}.", "",
-          "| host copy GB/s (median) | rounds | by rows, us per kernel | by channels, us per kernel |",
-          "|---|---|---|---|"]
+    md = [
+        f"A chain of {shape} float kernels, each reading a channel and its mirror, split between {args.threads} "
+        f"threads by rows or by channels; {args.rounds} rounds, {meta['date']}, {meta.get('cpu', '?')} "
+        f"({', '.join(meta.get('isa', []))}), commit {meta['commit']}.",
+        "",
+        "| host copy GB/s (median) | rounds | by rows, us per kernel | by channels, us per kernel |",
+        "|---|---|---|---|",
+    ]
     for part in (gbps <= mid, gbps > mid) if gbps.max() / gbps.min() >= 1.3 else (gbps > 0,):
         if part.any():
-            md.append(f"| {np.median(gbps[part]):.0f} | {int(part.sum())} | "
-                      f"{np.median(np.array(out['rows_us'])[part]):.1f} | "
-                      f"{np.median(np.array(out['channels_us'])[part]):.1f} |")
+            md.append(
+                f"| {np.median(gbps[part]):.0f} | {int(part.sum())} | "
+                f"{np.median(np.array(out['rows_us'])[part]):.1f} | "
+                f"{np.median(np.array(out['channels_us'])[part]):.1f} |"
+            )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "thread_locality.json").write_text(json.dumps({"meta": meta, **out}, indent=1))
     (args.out / "thread_locality.md").write_text("\n".join(md) + "\n")

@@ -65,8 +65,15 @@ def _export(model, shape: tuple[int, ...], path: Path) -> tuple[int, ...]:
     torch.manual_seed(0)
     for p in model.parameters():  # random weights of a sensible scale, as the zoo models get
         torch.nn.init.normal_(p, std=0.05) if p.dim() > 1 else torch.nn.init.zeros_(p)
-    torch.onnx.export(model.eval(), (torch.randn(shape),), str(path), input_names=["data"], output_names=["out"],
-                      opset_version=17, dynamo=False)
+    torch.onnx.export(
+        model.eval(),
+        (torch.randn(shape),),
+        str(path),
+        input_names=["data"],
+        output_names=["out"],
+        opset_version=17,
+        dynamo=False,
+    )
     return shape
 
 
@@ -92,13 +99,28 @@ def run_network(name: str, trials: int, store: Path, threads: int, extra: list[s
         path = store / f"{name}.onnx"
         shape = writer(path)
         model = ["--source", "onnx", "--onnx-path", str(path), "--input-shape", ",".join(map(str, shape))]
-    argv = [sys.executable, "-m", "vta_pipeline.cli", "run", *model, "--trials-per-task", str(trials),
-            "--allocation", "latency", "--records-library", "off", "--store", str(store), *extra]
+    argv = [
+        sys.executable,
+        "-m",
+        "vta_pipeline.cli",
+        "run",
+        *model,
+        "--trials-per-task",
+        str(trials),
+        "--allocation",
+        "latency",
+        "--records-library",
+        "off",
+        "--store",
+        str(store),
+        *extra,
+    ]
     t0 = time.time()
     log = store / f"run-{int(t0)}.log"
     with log.open("w") as f:
-        done = subprocess.run(argv, env=dict(os.environ, TVM_NUM_THREADS=str(threads)), stdout=f,
-                              stderr=subprocess.STDOUT, cwd=ROOT)
+        done = subprocess.run(
+            argv, env=dict(os.environ, TVM_NUM_THREADS=str(threads)), stdout=f, stderr=subprocess.STDOUT, cwd=ROOT
+        )
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed (exit {done.returncode}); see {log}")
     runs = sorted((store / "runs").glob("*.json"), key=lambda p: p.stat().st_mtime)
@@ -109,39 +131,61 @@ def row(name: str, r: dict[str, Any]) -> dict[str, Any]:
     res, b = r["result"], r["result"].get("baseline") or {}
     layout = (res.get("transforms") or {}).get("cpu_layout") or {}
     tasks = res["tasks"]
-    return {"network": name, "tasks": len(tasks), "trials": sum(t.get("trials", 0) for t in tasks),
-            "convs": layout.get("convs"), "blocked_convs": layout.get("blocked_convs"),
-            "layout_transforms": layout.get("transforms"), "winograd_convs": layout.get("winograd_convs"),
-            "tuned_ms": res["tuned"]["median_ms"], "correct": res["tuned"]["correct"],
-            "in_turn_ours_ms": b.get("ours_ms"), "in_turn_ort_ms": b.get("ort_ms"), "ratio": b.get("ratio"),
-            "ort_absent": b.get("absent"), "wall_min": r["wall_s"] / 60, "run_id": res["run_id"],
-            "slowest_tasks": sorted(({"task": t["task"], "ms": (t.get("best_latency_ms") or 0) * t.get("weight", 1)}
-                                     for t in tasks), key=lambda t: -t["ms"])[:5]}
+    return {
+        "network": name,
+        "tasks": len(tasks),
+        "trials": sum(t.get("trials", 0) for t in tasks),
+        "convs": layout.get("convs"),
+        "blocked_convs": layout.get("blocked_convs"),
+        "layout_transforms": layout.get("transforms"),
+        "winograd_convs": layout.get("winograd_convs"),
+        "tuned_ms": res["tuned"]["median_ms"],
+        "correct": res["tuned"]["correct"],
+        "in_turn_ours_ms": b.get("ours_ms"),
+        "in_turn_ort_ms": b.get("ort_ms"),
+        "ratio": b.get("ratio"),
+        "ort_absent": b.get("absent"),
+        "wall_min": r["wall_s"] / 60,
+        "run_id": res["run_id"],
+        "slowest_tasks": sorted(
+            ({"task": t["task"], "ms": (t.get("best_latency_ms") or 0) * t.get("weight", 1)} for t in tasks),
+            key=lambda t: -t["ms"],
+        )[:5],
+    }
 
 
 def table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    lines = [f"# Unseen networks on the defaults, cold ({meta['cpu']}, LLVM `{meta['mcpu']}`, {meta['threads']} "
-             f"threads, commit {meta['commit']}, {meta['trials_per_task']} trials/task on average, latency "
-             f"allocation, no records library)", "",
-             f"ISA: {' '.join(meta['isa'])}. {meta['date']}. Command: `{meta['command']}`", "",
-             "| network | tasks | convs blocked | layout transforms | Winograd convs | trials | tuning + run, min "
-             "| ours ms | ORT fp32 ms | ours / ORT | output | commit, date |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Unseen networks on the defaults, cold ({meta['cpu']}, LLVM `{meta['mcpu']}`, {meta['threads']} "
+        f"threads, commit {meta['commit']}, {meta['trials_per_task']} trials/task on average, latency "
+        f"allocation, no records library)",
+        "",
+        f"ISA: {' '.join(meta['isa'])}. {meta['date']}. Command: `{meta['command']}`",
+        "",
+        "| network | tasks | convs blocked | layout transforms | Winograd convs | trials | tuning + run, min "
+        "| ours ms | ORT fp32 ms | ours / ORT | output | commit, date |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         when = f"{r.get('commit', meta['commit'])}, {r.get('date', meta['date'])}"
         ratio = f"**{r['ratio']:.2f}x**" if r.get("ratio") else r.get("ort_absent") or "-"
-        lines.append(f"| {r['network']} | {r['tasks']} | {r['blocked_convs']}/{r['convs']} | {r['layout_transforms']} "
-                     f"| {r['winograd_convs']} | {r['trials']} | {r['wall_min']:.1f} | "
-                     f"{r['in_turn_ours_ms'] or r['tuned_ms']:.3f} | "
-                     f"{r['in_turn_ort_ms']:.3f} | {ratio} | {'correct' if r['correct'] else 'WRONG'} | {when} |"
-                     if r.get("in_turn_ort_ms") else
-                     f"| {r['network']} | {r['tasks']} | - | - | - | {r['trials']} | {r['wall_min']:.1f} | "
-                     f"{r['tuned_ms']:.3f} | - | {ratio} | {'correct' if r['correct'] else 'WRONG'} | {when} |")
+        lines.append(
+            f"| {r['network']} | {r['tasks']} | {r['blocked_convs']}/{r['convs']} | {r['layout_transforms']} "
+            f"| {r['winograd_convs']} | {r['trials']} | {r['wall_min']:.1f} | "
+            f"{r['in_turn_ours_ms'] or r['tuned_ms']:.3f} | "
+            f"{r['in_turn_ort_ms']:.3f} | {ratio} | {'correct' if r['correct'] else 'WRONG'} | {when} |"
+            if r.get("in_turn_ort_ms")
+            else f"| {r['network']} | {r['tasks']} | - | - | - | {r['trials']} | {r['wall_min']:.1f} | "
+            f"{r['tuned_ms']:.3f} | - | {ratio} | {'correct' if r['correct'] else 'WRONG'} | {when} |"
+        )
     ratios = [r["ratio"] for r in rows if r.get("ratio")]
     if ratios:
         gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-        lines += ["", f"Geometric mean of ours / ORT over {len(ratios)} networks: **{gm:.3f}x**; at or below ORT: "
-                      f"{sum(x <= 1 for x in ratios)} of {len(ratios)}."]
+        lines += [
+            "",
+            f"Geometric mean of ours / ORT over {len(ratios)} networks: **{gm:.3f}x**; at or below ORT: "
+            f"{sum(x <= 1 for x in ratios)} of {len(ratios)}.",
+        ]
     lines += ["", "Where each network's tuned time goes (task best ms x weight, the five largest):", ""]
     for r in rows:
         lines.append(f"- {r['network']}: " + ", ".join(f"{t['task']} {t['ms']:.3f}" for t in r["slowest_tasks"]))
@@ -160,9 +204,16 @@ def main() -> None:
     from tvm.target import codegen
 
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {**machine.cpu(), "mcpu": codegen.llvm_get_system_cpu(), "threads": args.threads,
-            "commit": machine.source_commit(), "trials_per_task": args.trials, "extra": args.extra,
-            "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(["python", *sys.argv])}
+    meta = {
+        **machine.cpu(),
+        "mcpu": codegen.llvm_get_system_cpu(),
+        "threads": args.threads,
+        "commit": machine.source_commit(),
+        "trials_per_task": args.trials,
+        "extra": args.extra,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "command": " ".join(["python", *sys.argv]),
+    }
     previous = args.out / "unseen.json"
     saved = json.loads(previous.read_text()) if previous.exists() else {"rows": []}
     rows = saved["rows"]
@@ -178,8 +229,11 @@ def main() -> None:
         r = row(name, run_network(name, args.trials, args.store / name, args.threads, args.extra.split()))
         r.update(commit=meta["commit"], date=time.strftime("%Y-%m-%d %H:%M"))
         rows.append(r)
-        print(f"{name}: ours {r['in_turn_ours_ms']} ms, ORT {r['in_turn_ort_ms']} ms, ratio {r['ratio']}, "
-              f"{r['wall_min']:.1f} min", flush=True)
+        print(
+            f"{name}: ours {r['in_turn_ours_ms']} ms, ORT {r['in_turn_ort_ms']} ms, ratio {r['ratio']}, "
+            f"{r['wall_min']:.1f} min",
+            flush=True,
+        )
         previous.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
         (args.out / "unseen.md").write_text(table(rows, meta))
     print(table(rows, meta))

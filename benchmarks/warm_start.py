@@ -20,12 +20,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from vta_pipeline import history, steps  # noqa: E402
-from vta_pipeline.boards import LocalBoard  # noqa: E402
+from vta_pipeline.boards import (
+    BoardSpec,  # noqa: E402
+    LocalBoard,  # noqa: E402
+)
 from vta_pipeline.config import MeasureConfig, ModelConfig, TuneConfig  # noqa: E402
 from vta_pipeline.extract import load_tasks  # noqa: E402
 from vta_pipeline.store import ArtifactStore  # noqa: E402
 from vta_pipeline.targets import resolve_target  # noqa: E402
-from vta_pipeline.boards import BoardSpec  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results"
 
@@ -57,8 +59,9 @@ def main() -> None:
         spec = BoardSpec(board.host, board.port, board.key, 2)
 
         def night(task, name, warm):
-            cfg = TuneConfig(trials_per_task=args.trials, trials_per_batch=args.batch,
-                             session=f"{stamp}-{name}", warm_start=warm)
+            cfg = TuneConfig(
+                trials_per_task=args.trials, trials_per_batch=args.batch, session=f"{stamp}-{name}", warm_start=warm
+            )
             t0 = time.time()
             art = steps.tune_step(store, extracted, task, target, spec, cfg, measure)
             s = json.loads((art.path / "summary.json").read_text())
@@ -67,23 +70,45 @@ def main() -> None:
 
         for task in convs:
             a_art, a = night(task, "A", 0)
-            history.record_measurements(store.root, {"run_id": f"bench-{stamp}", "night": "A", "model": args.model,
-                                                     "target": "host", "target_id": target.id,
-                                                     "board_key": board.key}, [a_art.path])
+            history.record_measurements(
+                store.root,
+                {
+                    "run_id": f"bench-{stamp}",
+                    "night": "A",
+                    "model": args.model,
+                    "target": "host",
+                    "target_id": target.id,
+                    "board_key": board.key,
+                },
+                [a_art.path],
+            )
             _, b = night(task, "B", 32)
             _, c = night(task, "C", 0)
-            row = {"task": task.name, "flops": task.flops, "A_best_ms": a["best_latency_ms"],
-                   "B_seeds": b["warm_start"], "B_reached_at": b["reached_previous_best_at"],
-                   "B_session_best_ms": b["session_best_ms"], "C_reached_at": c["reached_previous_best_at"],
-                   "C_session_best_ms": c["session_best_ms"],
-                   "B_curve": b["curve"], "C_curve": c["curve"], "A_curve": a["curve"],
-                   "seconds": {"A": a["seconds"], "B": b["seconds"], "C": c["seconds"]}}
+            row = {
+                "task": task.name,
+                "flops": task.flops,
+                "A_best_ms": a["best_latency_ms"],
+                "B_seeds": b["warm_start"],
+                "B_reached_at": b["reached_previous_best_at"],
+                "B_session_best_ms": b["session_best_ms"],
+                "C_reached_at": c["reached_previous_best_at"],
+                "C_session_best_ms": c["session_best_ms"],
+                "B_curve": b["curve"],
+                "C_curve": c["curve"],
+                "A_curve": a["curve"],
+                "seconds": {"A": a["seconds"], "B": b["seconds"], "C": c["seconds"]},
+            }
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if not k.endswith("curve")}), flush=True)
 
     checkpoints = sorted({max(1, args.trials // 4), args.trials // 2, args.trials})
-    head = ["task", "night A best ms", "warm: reached A's best at trial", "cold: reached at trial",
-            *[f"warm/cold best ms @{n}" for n in checkpoints]]
+    head = [
+        "task",
+        "night A best ms",
+        "warm: reached A's best at trial",
+        "cold: reached at trial",
+        *[f"warm/cold best ms @{n}" for n in checkpoints],
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["task"], f"{r['A_best_ms']:.4f}", str(r["B_reached_at"] or "-"), str(r["C_reached_at"] or "-")]
@@ -95,8 +120,9 @@ def main() -> None:
     print(f"\n{args.model}, {args.trials} trials per task per night, batch {args.batch}, 2 local boards\n")
     print(table)
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "warm_start.json").write_text(json.dumps({"model": args.model, "trials": args.trials, "rows": rows},
-                                                    indent=1))
+    (OUT / "warm_start.json").write_text(
+        json.dumps({"model": args.model, "trials": args.trials, "rows": rows}, indent=1)
+    )
     (OUT / "warm_start.md").write_text(table + "\n")
 
 

@@ -25,8 +25,8 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
 
-from tasks.dask_runner import with_task_runner
 from flows.tune_network import tune_network
+from tasks.dask_runner import with_task_runner
 from vta_pipeline.config import PipelineConfig, build_config
 from vta_pipeline.errors import ConfigError
 from vta_pipeline.importers import check_model
@@ -65,8 +65,9 @@ def night_of(scheduled: dt.datetime | None, time_zone: str) -> str:
     return when.astimezone(tz).strftime("%Y-%m-%d")
 
 
-def pair_configs(models: list[str | dict[str, Any]], targets: list[str], overrides: dict[str, Any],
-                 config: dict[str, Any] | None) -> list[PipelineConfig]:
+def pair_configs(
+    models: list[str | dict[str, Any]], targets: list[str], overrides: dict[str, Any], config: dict[str, Any] | None
+) -> list[PipelineConfig]:
     """One validated PipelineConfig per (model, target); errors name the pair.
 
     What the operator wrote (a target, a model name, a value) fails the whole night here,
@@ -121,9 +122,14 @@ def nightly(
     logger = get_run_logger()
     night = night or night_of(flow_run.get_scheduled_start_time(), time_zone)
     overrides = {
-        "tune.trials_per_task": trials_per_task, "tune.trials_per_batch": trials_per_batch,
-        "tune.session": night, "tune.warm_start": warm_start, "board.tracker": tracker, "board.key": key,
-        "guard.max_regression_pct": max_regression_pct, "store": store,
+        "tune.trials_per_task": trials_per_task,
+        "tune.trials_per_batch": trials_per_batch,
+        "tune.session": night,
+        "tune.warm_start": warm_start,
+        "board.tracker": tracker,
+        "board.key": key,
+        "guard.max_regression_pct": max_regression_pct,
+        "store": store,
     }
     cfgs = pair_configs(models, targets, overrides, config)
     logger.info("night %s: %d pair(s): %s", night, len(cfgs), ", ".join(f"{c.model.name}@{c.target}" for c in cfgs))
@@ -132,12 +138,26 @@ def nightly(
         name = f"{cfg.model.name}-{cfg.target if len(cfg.target) < 24 else 'custom'}-{night}"
         sub = with_task_runner(tune_network, dask_address, cfg).with_options(flow_run_name=name)
         state = sub(cfg.model_dump(mode="json"), cache=cache, return_state=True)
-        row = {"pair": name, "model": cfg.model.name, "target": cfg.target, "state": state.name,
-               "untuned ms": "-", "tuned ms": "-", "speed-up": "-", "guard": state.message or ""}
+        row = {
+            "pair": name,
+            "model": cfg.model.name,
+            "target": cfg.target,
+            "state": state.name,
+            "untuned ms": "-",
+            "tuned ms": "-",
+            "speed-up": "-",
+            "guard": state.message or "",
+        }
         if state.is_completed():
             r = state.result()
-            row.update({"untuned ms": f"{r['untuned']['mean_ms']:.3f}", "tuned ms": f"{r['tuned']['mean_ms']:.3f}",
-                        "speed-up": f"{r['speedup']:.2f}x", "guard": r.get("guard", {}).get("message", "")})
+            row.update(
+                {
+                    "untuned ms": f"{r['untuned']['mean_ms']:.3f}",
+                    "tuned ms": f"{r['tuned']['mean_ms']:.3f}",
+                    "speed-up": f"{r['speedup']:.2f}x",
+                    "guard": r.get("guard", {}).get("message", ""),
+                }
+            )
         else:
             failed.append(f"{name}: {state.message}")
             logger.error("pair %s failed (%s); going on with the others", name, state.message)

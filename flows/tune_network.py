@@ -35,8 +35,7 @@ from tasks.deploy import build, compare_runtime, evaluate
 from tasks.history import record_history, regression_guard
 from tasks.model import extract_tasks, fetch_model, layout_model, pack_model, quantize_model
 from tasks.tune import pick_best, tune_task, tune_vta_task
-from vta_pipeline import boards, history, report, steps, store_gc
-from vta_pipeline import cpu_layout
+from vta_pipeline import boards, cpu_layout, history, report, steps, store_gc
 from vta_pipeline.config import PipelineConfig, parse_hostport
 from vta_pipeline.extract import load_tasks, select_tasks
 from vta_pipeline.importers import check_model
@@ -85,12 +84,23 @@ def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | No
         try:
             crashed_runs.record_end(store, run_id, ended)
         except OSError as e:  # a full disk: the run's own error (raised on) says what to do
-            logger.warning("could not record the end of run %s in the store's events (%s): the next run marks it "
-                           "Crashed", run_id, e)
+            logger.warning(
+                "could not record the end of run %s in the store's events (%s): the next run marks it Crashed",
+                run_id,
+                e,
+            )
 
 
-def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str, stop_after: str | None,
-                  logger, t0: float, run_id: str):
+def _tune_network(
+    cfg: PipelineConfig,
+    target,
+    store: ArtifactStore,
+    cache: str,
+    stop_after: str | None,
+    logger,
+    t0: float,
+    run_id: str,
+):
     """The flow's body, between the run's start and end records in the store."""
     root = str(store.root)
     res = {"result_storage": results_dir(root)}
@@ -107,11 +117,19 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
 
     with ExitStack() as stack:
         if cfg.board.tracker is None:
-            local = boards.LocalBoard(key=key, num_servers=cfg.board.local_servers, log_dir=store.root / "logs",
-                                      threads=cfg.board.local_threads or target.cpu_threads,
-                                      server_module=target.server_module)
-            logger.info("starting a local board: tracker + %d rpc server(s) on 127.0.0.1, key %r, %d thread(s)",
-                        local.num_servers, key, local.threads)
+            local = boards.LocalBoard(
+                key=key,
+                num_servers=cfg.board.local_servers,
+                log_dir=store.root / "logs",
+                threads=cfg.board.local_threads or target.cpu_threads,
+                server_module=target.server_module,
+            )
+            logger.info(
+                "starting a local board: tracker + %d rpc server(s) on 127.0.0.1, key %r, %d thread(s)",
+                local.num_servers,
+                key,
+                local.threads,
+            )
             stack.enter_context(local)
             tracker, want_threads = local.tracker, local.threads  # --local-threads: the user's choice
         else:
@@ -120,20 +138,27 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
         n_boards = boards.preflight(host, port, key)
         if cfg.board.max_boards:
             n_boards = min(n_boards, cfg.board.max_boards)
-        health_ms = boards.health_check(host, port, key, dict(target.target_json),
-                                        cross_compiler=target.cross_compiler)
-        logger.info("tracker %s: %d board(s) under key %r; health check passed (%.4f ms)",
-                    tracker, n_boards, key, health_ms)
+        health_ms = boards.health_check(host, port, key, dict(target.target_json), cross_compiler=target.cross_compiler)
+        logger.info(
+            "tracker %s: %d board(s) under key %r; health check passed (%.4f ms)", tracker, n_boards, key, health_ms
+        )
         # Who the boards are: each trial and evaluation row names them; a board that runs
         # another TVM, or other threads than the target is scheduled for, is refused here.
-        identities, problems = boards.check_boards(host, port, key, n_boards,
-                                                   want_threads if target.cpu_threads else None, cfg.board.mismatch)
+        identities, problems = boards.check_boards(
+            host, port, key, n_boards, want_threads if target.cpu_threads else None, cfg.board.mismatch
+        )
         for p in problems:
             logger.warning("board.mismatch warn: %s", p)
         board_threads = (identities[0].get("threads") if target.cpu_threads else None) or None
-        logger.info("boards under key %r: %s", key, "; ".join(
-            f"{b.get('name') or 'a stock rpc_server'} (TVM {b.get('tvm') or '?'}, {b.get('threads') or '?'} "
-            "thread(s))" for b in identities))
+        logger.info(
+            "boards under key %r: %s",
+            key,
+            "; ".join(
+                f"{b.get('name') or 'a stock rpc_server'} (TVM {b.get('tvm') or '?'}, {b.get('threads') or '?'} "
+                "thread(s))"
+                for b in identities
+            ),
+        )
         if target.query_device:  # the board's own GPU limits, not a typical board's
             params = boards.device_params(host, port, key, target.device)
             target = target.with_device_params(params)
@@ -145,12 +170,20 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
         if cfg.quantize.enabled:
             model = quantized = quantize_(root, model, cfg.quantize.model_dump(mode="json"), cfg.model.seed, cache)
         if cfg.pack.enabled:
-            model = packed = pack_(root, model, cfg.pack.model_dump(mode="json"), cfg.vta.model_dump(mode="json"),
-                                   cache)
+            model = packed = pack_(
+                root, model, cfg.pack.model_dump(mode="json"), cfg.vta.model_dump(mode="json"), cache
+            )
         recipe = cpu_layout.recipe(cfg, target)
-        logger.info("optimization %s on %s: %s", cfg.opt, target.name,
-                    "every conv blocked" + (", Winograd 3x3" if recipe.winograd else "") if recipe.blocked else
-                    "graph pack's layout" if cfg.pack.enabled else "plain NCHW, TVM's generic spaces")
+        logger.info(
+            "optimization %s on %s: %s",
+            cfg.opt,
+            target.name,
+            "every conv blocked" + (", Winograd 3x3" if recipe.winograd else "")
+            if recipe.blocked
+            else "graph pack's layout"
+            if cfg.pack.enabled
+            else "plain NCHW, TVM's generic spaces",
+        )
         if recipe.blocked:
             model = packed = layout_(root, model, cpu_layout.layout_config(recipe, target.target_json), cache)
         offload = steps.offload_config(cfg, target)
@@ -158,11 +191,16 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
         extracted = extract_tasks_(root, model, tspec, cache, vta)
         vta_tasks = vta_tasks_mod.load_tasks(extracted["path"]) if vta else []
         if vta:
-            logger.info("%d packed conv(s) on VTA as %d knob task(s): %s; %d packed conv(s) stay on the CPU",
-                        sum(t.count for t in vta_tasks), len(vta_tasks), ", ".join(t.name for t in vta_tasks),
-                        meta(extracted).get("cpu_packed_convs", 0))
-        tasks = select_tasks(load_tasks(extracted["path"]), cfg.tune.task_filter,
-                             packed_float=steps.wholly_on_cpu(cfg, target))
+            logger.info(
+                "%d packed conv(s) on VTA as %d knob task(s): %s; %d packed conv(s) stay on the CPU",
+                sum(t.count for t in vta_tasks),
+                len(vta_tasks),
+                ", ".join(t.name for t in vta_tasks),
+                meta(extracted).get("cpu_packed_convs", 0),
+            )
+        tasks = select_tasks(
+            load_tasks(extracted["path"]), cfg.tune.task_filter, packed_float=steps.wholly_on_cpu(cfg, target)
+        )
         logger.info("%d tuning task(s): %s", len(tasks), ", ".join(t.name for t in tasks))
         if stop_after == "extract":
             return {"tasks": [t.to_dict() for t in tasks]}
@@ -176,30 +214,58 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
         # One task run per tuning task, at most one per board in flight (tuning_rounds); a
         # task alone measures on several boards at once when there are more boards than tasks.
         rounds = TuningRounds(tasks, cfg.tune.trials_per_task, cfg.tune.allocation, in_flight=n_boards)
-        board = {"tracker_host": host, "tracker_port": port, "key": key,
-                 "num_boards": max(1, n_boards // rounds.in_flight), "threads": board_threads,
-                 **boards.describe_boards(identities)}
+        board = {
+            "tracker_host": host,
+            "tracker_port": port,
+            "key": key,
+            "num_boards": max(1, n_boards // rounds.in_flight),
+            "threads": board_threads,
+            **boards.describe_boards(identities),
+        }
         work_dirs = {t.name: steps.tune_work_dir(store, t, target, key, cfg.tune.session) for t in tasks}
-        trials = TrialProgress(work_dirs, rounds.budgets, cfg.tune.trials_per_task * len(tasks),
-                                f"tuning trials of {cfg.model.display_name}")
+        trials = TrialProgress(
+            work_dirs,
+            rounds.budgets,
+            cfg.tune.trials_per_task * len(tasks),
+            f"tuning trials of {cfg.model.display_name}",
+        )
 
         def submit(t, budget: int):
             tune_cfg = cfg.tune.model_copy(update={"trials_per_task": budget})
-            return tune_task_.submit(root, extracted, t.to_dict(), tspec, board, tune_cfg.model_dump(mode="json"),
-                                     cfg.measure.model_dump(mode="json"), cache)
+            return tune_task_.submit(
+                root,
+                extracted,
+                t.to_dict(),
+                tspec,
+                board,
+                tune_cfg.model_dump(mode="json"),
+                cfg.measure.model_dump(mode="json"),
+                cache,
+            )
 
-        refs = rounds.run(submit, lambda running, timeout: wait(running, timeout=timeout).not_done,
-                          lambda ref: _summary(store, ref), on_poll=trials.update)
+        refs = rounds.run(
+            submit,
+            lambda running, timeout: wait(running, timeout=timeout).not_done,
+            lambda ref: _summary(store, ref),
+            on_poll=trials.update,
+        )
         first_refs = rounds.first_refs
         if rounds.steered:
-            logger.info("second round: %d more trial(s) over %d task(s), by their share of the network's latency",
-                        rounds.second_round_trials, len(rounds.second_round))
+            logger.info(
+                "second round: %d more trial(s) over %d task(s), by their share of the network's latency",
+                rounds.second_round_trials,
+                len(rounds.second_round),
+            )
         tuned = [refs[t.name] for t in tasks]
         trials.update(final=True)
         # the VTA tasks' knobs, on the same boards (a VTA board serves both)
-        vta_refs = [f.result() for f in [
-            tune_vta_.submit(root, t.to_dict(), vta, tracker, key, cfg.tune.model_dump(mode="json"), cache)
-            for t in vta_tasks]]
+        vta_refs = [
+            f.result()
+            for f in [
+                tune_vta_.submit(root, t.to_dict(), vta, tracker, key, cfg.tune.model_dump(mode="json"), cache)
+                for t in vta_tasks
+            ]
+        ]
         best = pick_best_(root, tuned, tspec, cache)
         if stop_after == "tune":
             return {"best": best}
@@ -208,15 +274,29 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
         if stop_after == "build":
             return {"untuned": untuned_lib, "tuned": tuned_lib}
         ev_tuned = evaluate_(root, tuned_lib, model, tspec, tracker, key, ev_cfg, "tuned", cache)
-        baseline = compare_runtime.with_options(**retry)(root, cfg.model_dump(mode="json"), tspec, tuned_lib, fetched,
-                                                         tracker, key, board_threads, cache)
+        baseline = compare_runtime.with_options(**retry)(
+            root, cfg.model_dump(mode="json"), tspec, tuned_lib, fetched, tracker, key, board_threads, cache
+        )
 
         # the result, and its guard, while the local board is up: the guard may time builds on it
         task_results = report.task_results(tasks, refs, first_refs, lambda ref: _summary(store, ref))
-        result = report.make_result(run_id, cfg.model_dump(mode="json"), meta(fetched), task_results,
-                                    meta(ev_untuned), meta(ev_tuned), time.time() - t0)
-        result.update(night=cfg.tune.session or history.night_of(t0), session=cfg.tune.session, target_id=target.id,
-                      baseline=baseline, opt=cfg.opt, recipe=cpu_layout.recipe(cfg, target).to_dict())
+        result = report.make_result(
+            run_id,
+            cfg.model_dump(mode="json"),
+            meta(fetched),
+            task_results,
+            meta(ev_untuned),
+            meta(ev_tuned),
+            time.time() - t0,
+        )
+        result.update(
+            night=cfg.tune.session or history.night_of(t0),
+            session=cfg.tune.session,
+            target_id=target.id,
+            baseline=baseline,
+            opt=cfg.opt,
+            recipe=cpu_layout.recipe(cfg, target).to_dict(),
+        )
         for label, ev, lib in (("untuned", ev_untuned, untuned_lib), ("tuned", ev_tuned, tuned_lib)):
             result[label].update(evaluation_id=ev["artifact_id"], build_id=lib["artifact_id"])
         if vta_refs:
@@ -227,15 +307,20 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
             result["transforms"] = {ref["step"]: meta(ref) for ref in (quantized, packed) if ref is not None}
             result["tuned"]["vs_float"] = meta(ev_tuned).get("vs_float")
         if result["tuned"]["correct"]:
-            result["guard"] = regression_guard(root, result, cfg.guard.model_dump(mode="json"), tspec, tracker, key,
-                                               model, cfg.evaluate.min_repeat_ms)
-    result["history"] = record_history(
-        root, result, [str(store.root / "steps" / "tune" / ref["key"]) for ref in tuned])
+            result["guard"] = regression_guard(
+                root, result, cfg.guard.model_dump(mode="json"), tspec, tracker, key, model, cfg.evaluate.min_repeat_ms
+            )
+    result["history"] = record_history(root, result, [str(store.root / "steps" / "tune" / ref["key"]) for ref in tuned])
     report.save_result(store, result)
     publish(result, store.root)
-    logger.info("%s: untuned %.3f ms, tuned %.3f ms (%.2fx), output check %s; tables in the run's artifacts",
-                result["model"], result["untuned"]["mean_ms"], result["tuned"]["mean_ms"], result["speedup"],
-                "passed" if result["tuned"]["correct"] else "FAILED")
+    logger.info(
+        "%s: untuned %.3f ms, tuned %.3f ms (%.2fx), output check %s; tables in the run's artifacts",
+        result["model"],
+        result["untuned"]["mean_ms"],
+        result["tuned"]["mean_ms"],
+        result["speedup"],
+        "passed" if result["tuned"]["correct"] else "FAILED",
+    )
     if not result["tuned"]["correct"]:
         raise RuntimeError(
             f"the tuned build's output differs from the reference (max abs error "
@@ -245,7 +330,6 @@ def _tune_network(cfg: PipelineConfig, target, store: ArtifactStore, cache: str,
         logger.warning(result["guard"]["message"])
         return Completed(name="Regressed", message=result["guard"]["message"], data=result)
     return result
-
 
 
 def _summary(store: ArtifactStore, ref: dict[str, str]) -> dict[str, Any]:

@@ -6,8 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prefect.artifacts import (create_markdown_artifact, create_progress_artifact, create_table_artifact,
-                               update_progress_artifact)
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 
 from vta_pipeline import report, trial_log
 
@@ -46,8 +50,14 @@ def publish(result: dict[str, Any], store_root: Path) -> None:
     )
     if result.get("vta"):
         v = result["vta"]
-        create_table_artifact([dict(zip(report.VTA_HEADER, r)) for r in report.vta_rows(v)], key="vta",
-                              description=f"VTA, simulated at {v['clock_mhz']:.0f} MHz: untuned vs tuned per conv "
-                                          f"task and for the network, GOPS of the {v['peak_gops']:.1f} GOPS peak")
-    create_markdown_artifact(report.markdown(result, store_root), key="evaluation",
-                             description=f"{result['model']}: untuned vs tuned, output check, plots")
+        create_table_artifact(
+            [dict(zip(report.VTA_HEADER, r)) for r in report.vta_rows(v)],
+            key="vta",
+            description=f"VTA, simulated at {v['clock_mhz']:.0f} MHz: untuned vs tuned per conv "
+            f"task and for the network, GOPS of the {v['peak_gops']:.1f} GOPS peak",
+        )
+    create_markdown_artifact(
+        report.markdown(result, store_root),
+        key="evaluation",
+        description=f"{result['model']}: untuned vs tuned, output check, plots",
+    )

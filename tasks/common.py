@@ -92,9 +92,12 @@ RETRY = retry_settings()
 # Results are small JSON refs; JSON (not pickle) so reading a result never runs code.
 RESULTS = {"persist_result": True, "result_serializer": "json"}
 
-_JSON_SERIALIZER = {"type": "json", "jsonlib": "json",
-                    "object_encoder": "prefect.serializers.prefect_json_object_encoder",
-                    "object_decoder": "prefect.serializers.prefect_json_object_decoder"}
+_JSON_SERIALIZER = {
+    "type": "json",
+    "jsonlib": "json",
+    "object_encoder": "prefect.serializers.prefect_json_object_encoder",
+    "object_decoder": "prefect.serializers.prefect_json_object_decoder",
+}
 _TYPED = ("__class__", "__exc_type__")
 
 
@@ -123,14 +126,20 @@ def vet_record(record: Path) -> bool:
         rec = json.loads(record.read_text())
         meta = rec["metadata"]
         ser = meta["serializer"]
-        ok = (all(ser.get(k) == v for k, v in _JSON_SERIALIZER.items()) and meta.get("storage_block_id") is None
-              and isinstance(rec["result"], str) and not _typed(json.loads(rec["result"])))
+        ok = (
+            all(ser.get(k) == v for k, v in _JSON_SERIALIZER.items())
+            and meta.get("storage_block_id") is None
+            and isinstance(rec["result"], str)
+            and not _typed(json.loads(rec["result"]))
+        )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         ok = False
     if not ok:
         logging.getLogger("vta_pipeline").warning(
             "cached result record %s is not a plain JSON ref as these tasks write them (a serializer or a typed "
-            "value that would run code when read): removed unread; the step's artifact comes from the store", record)
+            "value that would run code when read): removed unread; the step's artifact comes from the store",
+            record,
+        )
         record.unlink(missing_ok=True)
     return ok
 

@@ -66,8 +66,10 @@ class DaskSetupError(ConfigError):
 
 
 def _start_hint(host: str, port: int) -> str:
-    return (f"start a scheduler with `dask scheduler --port {port}` on {host} and at least one worker "
-            f"with `dask worker tcp://{host}:{port} --nthreads 1` (from this project's environment)")
+    return (
+        f"start a scheduler with `dask scheduler --port {port}` on {host} and at least one worker "
+        f"with `dask worker tcp://{host}:{port} --nthreads 1` (from this project's environment)"
+    )
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -91,11 +93,16 @@ def parse_address(address: str) -> tuple[str, int]:
         raise bad from None
     if parts.scheme != "tcp":
         raise DaskSetupError(
-            f"Dask scheduler address {address!r}: only tcp:// is supported (got {parts.scheme}://); "
-            f"use tcp://HOST:PORT"
+            f"Dask scheduler address {address!r}: only tcp:// is supported (got {parts.scheme}://); use tcp://HOST:PORT"
         )
-    if not parts.hostname or port is None or not 0 < port < 65536 or parts.path not in ("", "/") \
-            or parts.query or parts.username:
+    if (
+        not parts.hostname
+        or port is None
+        or not 0 < port < 65536
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.username
+    ):
         raise bad
     return parts.hostname, port
 
@@ -156,13 +163,13 @@ def scheduler_identity(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> di
         ) from None
     if not isinstance(reply, dict) or reply.get("type") != "Scheduler":
         what = reply.get("type") if isinstance(reply, dict) else type(reply).__name__
-        raise DaskSetupError(f"{address} is not a Dask scheduler (it answered as {what!r}): "
-                             + _start_hint(host, port))
+        raise DaskSetupError(f"{address} is not a Dask scheduler (it answered as {what!r}): " + _start_hint(host, port))
     return reply
 
 
-def require_workers(address: str, min_workers: int = 1, wait_s: float = WORKERS_WAIT_S,
-                    timeout_s: float = CONNECT_TIMEOUT_S) -> dict[str, dict[str, Any]]:
+def require_workers(
+    address: str, min_workers: int = 1, wait_s: float = WORKERS_WAIT_S, timeout_s: float = CONNECT_TIMEOUT_S
+) -> dict[str, dict[str, Any]]:
     """The scheduler's workers ({address: identity}), once at least `min_workers` registered.
 
     A scheduler without workers accepts tasks and never runs them: the flow would hang at
@@ -200,9 +207,14 @@ def _versions() -> dict[str, str | None]:
     return out
 
 
-def probe_worker(store_root: str | None, probe_name: str | None, token: str | None,
-                 tracker: tuple[str, int] | None, api_url: str | None,
-                 versions: dict[str, str | None] | None = None) -> dict[str, Any]:
+def probe_worker(
+    store_root: str | None,
+    probe_name: str | None,
+    token: str | None,
+    tracker: tuple[str, int] | None,
+    api_url: str | None,
+    versions: dict[str, str | None] | None = None,
+) -> dict[str, Any]:
     """Runs on each worker (via Client.run): can it run our tasks against this store?"""
     import importlib
     import urllib.request
@@ -211,13 +223,17 @@ def probe_worker(store_root: str | None, probe_name: str | None, token: str | No
     theirs = _versions()
     for dist, v in sorted((versions or {}).items()):
         if theirs.get(dist) != v:
-            out["problems"].append(f"has {dist} {theirs.get(dist) or '(not installed)'}, the flow machine {v}: "
-                                   "install the same versions on every worker")
+            out["problems"].append(
+                f"has {dist} {theirs.get(dist) or '(not installed)'}, the flow machine {v}: "
+                "install the same versions on every worker"
+            )
     try:
         importlib.import_module("tasks.tune")
     except Exception as e:  # noqa: BLE001 - reported, with the worker named
-        out["problems"].append(f"cannot import the pipeline's tasks ({type(e).__name__}: {e}); install this "
-                               "project in the worker's environment or start the worker from its checkout")
+        out["problems"].append(
+            f"cannot import the pipeline's tasks ({type(e).__name__}: {e}); install this "
+            "project in the worker's environment or start the worker from its checkout"
+        )
     if store_root is not None:
         p = Path(store_root) / probe_name
         try:
@@ -225,8 +241,10 @@ def probe_worker(store_root: str | None, probe_name: str | None, token: str | No
         except OSError as e:
             seen = f"<{e.strerror or e}>"
         if seen != token:
-            out["problems"].append(f"does not see the artifact store at {store_root} (probe file {p.name}: "
-                                   f"{seen[:60]}); mount the store's directory at the same path on every worker")
+            out["problems"].append(
+                f"does not see the artifact store at {store_root} (probe file {p.name}: "
+                f"{seen[:60]}); mount the store's directory at the same path on every worker"
+            )
     if tracker is not None:
         try:
             with socket.create_connection(tracker, timeout=5):
@@ -250,8 +268,9 @@ def _run_on_workers(address: str, timeout_s: float, fn, *args) -> dict[str, Any]
         with distributed.Client(address, timeout=timeout_s, set_as_default=False) as client:
             return client.run(fn, *args, on_error="return")
     except Exception as e:  # noqa: BLE001 - named, with the scheduler
-        raise DaskSetupError(f"the workers of the Dask scheduler at {address} could not run the set-up probe "
-                             f"({type(e).__name__}: {e})") from None
+        raise DaskSetupError(
+            f"the workers of the Dask scheduler at {address} could not run the set-up probe ({type(e).__name__}: {e})"
+        ) from None
 
 
 def _prefect_api_url() -> str | None:
@@ -260,8 +279,14 @@ def _prefect_api_url() -> str | None:
     return PREFECT_API_URL.value()
 
 
-def check_cluster(address: str, config: dict[str, Any] | Any | None = None, *, min_workers: int = 1,
-                  wait_s: float = WORKERS_WAIT_S, timeout_s: float = CONNECT_TIMEOUT_S) -> dict[str, dict[str, Any]]:
+def check_cluster(
+    address: str,
+    config: dict[str, Any] | Any | None = None,
+    *,
+    min_workers: int = 1,
+    wait_s: float = WORKERS_WAIT_S,
+    timeout_s: float = CONNECT_TIMEOUT_S,
+) -> dict[str, dict[str, Any]]:
     """Everything the workers need, checked from the flow machine in seconds.
 
     The scheduler answers, at least `min_workers` workers are registered, this process has a
@@ -295,30 +320,49 @@ def check_cluster(address: str, config: dict[str, Any] | Any | None = None, *, m
     tracker = parse_hostport(cfg.board.tracker) if cfg is not None and cfg.board.tracker else None
     try:
         workers = require_workers(address, min_workers, wait_s, timeout_s)
-        report = _run_on_workers(address, timeout_s, probe_worker, str(store_root) if store_root else None, probe,
-                                 token, tracker, api_url, _versions())
+        report = _run_on_workers(
+            address,
+            timeout_s,
+            probe_worker,
+            str(store_root) if store_root else None,
+            probe,
+            token,
+            tracker,
+            api_url,
+            _versions(),
+        )
     finally:
         if probe:
             (store_root / probe).unlink(missing_ok=True)
     problems, here = [], socket.gethostname()
     for w, r in sorted(report.items()):
         if isinstance(r, BaseException):
-            problems.append(f"{w}: cannot load this project's code ({type(r).__name__}: {r}); install this project "
-                            "in the worker's environment or start the worker from its checkout")
+            problems.append(
+                f"{w}: cannot load this project's code ({type(r).__name__}: {r}); install this project "
+                "in the worker's environment or start the worker from its checkout"
+            )
             continue
         if cfg is not None and tracker is None and r["hostname"] != here:
-            r["problems"].append(f"runs on {r['hostname']}, but without --tracker the local board listens on "
-                                 f"127.0.0.1 of {here}; pass --tracker HOST:PORT reachable from every worker")
+            r["problems"].append(
+                f"runs on {r['hostname']}, but without --tracker the local board listens on "
+                f"127.0.0.1 of {here}; pass --tracker HOST:PORT reachable from every worker"
+            )
         problems += [f"{w} ({r['hostname']}): {p}" for p in r["problems"]]
     if problems:
-        raise DaskSetupError(f"the Dask cluster at {address} cannot run the tuning tasks:\n  "
-                             + "\n  ".join(problems))
+        raise DaskSetupError(f"the Dask cluster at {address} cannot run the tuning tasks:\n  " + "\n  ".join(problems))
     return {w: {**workers.get(w, {}), "hostname": r["hostname"], "pid": r["pid"]} for w, r in report.items()}
 
 
-def with_task_runner(flow: F, dask_address: str | None, config: dict[str, Any] | Any | None = None, *,
-                     check: bool = True, min_workers: int = 1, wait_s: float = WORKERS_WAIT_S,
-                     timeout_s: float = CONNECT_TIMEOUT_S) -> F:
+def with_task_runner(
+    flow: F,
+    dask_address: str | None,
+    config: dict[str, Any] | Any | None = None,
+    *,
+    check: bool = True,
+    min_workers: int = 1,
+    wait_s: float = WORKERS_WAIT_S,
+    timeout_s: float = CONNECT_TIMEOUT_S,
+) -> F:
     """`flow` unchanged without an address, else the flow with a DaskTaskRunner on that cluster.
 
     The runner connects to an existing scheduler (it starts nothing). With `check` (the

@@ -17,8 +17,16 @@ from .common import artifact, open_store
 
 
 @task(name="regression-guard")
-def regression_guard(store_root: str, result: dict[str, Any], guard_cfg: dict[str, Any], target: str, tracker: str,
-                     board_key: str, fetched: dict[str, str], min_repeat_ms: float) -> dict[str, Any]:
+def regression_guard(
+    store_root: str,
+    result: dict[str, Any],
+    guard_cfg: dict[str, Any],
+    target: str,
+    tracker: str,
+    board_key: str,
+    fetched: dict[str, str],
+    min_repeat_ms: float,
+) -> dict[str, Any]:
     """Compare with the best earlier night (and, if that says "regressed", time both builds in
     turn on the board) and update the current build; returns the verdict. Not retried: a board
     that fails the in-turn timing leaves the history's verdict, which says so."""
@@ -26,8 +34,16 @@ def regression_guard(store_root: str, result: dict[str, Any], guard_cfg: dict[st
     from vta_pipeline.targets import resolve_target
 
     store = open_store(store_root)
-    verdict = steps.regression_verdict(store, result, GuardConfig(**guard_cfg), resolve_target(target),
-                                       parse_hostport(tracker), board_key, artifact(store, fetched), min_repeat_ms)
+    verdict = steps.regression_verdict(
+        store,
+        result,
+        GuardConfig(**guard_cfg),
+        resolve_target(target),
+        parse_hostport(tracker),
+        board_key,
+        artifact(store, fetched),
+        min_repeat_ms,
+    )
     current = guard.promote(store, result, verdict) if result["tuned"]["correct"] else {}
     return dict(verdict.to_dict(), current=current)
 

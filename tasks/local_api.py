@@ -56,21 +56,33 @@ class LocalApi:
     def start(self) -> str:
         """Start the keeper (and, without an external API, its server); return the API URL."""
         read_end, self._notes = os.pipe()
-        cmd = [sys.executable, "-m", "tasks.local_api", "--watch", str(os.getpid()), "--store", str(self.store),
-               "--startup-timeout", str(self.startup_timeout_s)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tasks.local_api",
+            "--watch",
+            str(os.getpid()),
+            "--store",
+            str(self.store),
+            "--startup-timeout",
+            str(self.startup_timeout_s),
+        ]
         if self.external:
             cmd += ["--api", self.external]
         with open(self.log_path, "ab") as log:
-            self.keeper = subprocess.Popen(cmd, stdin=read_end, stdout=subprocess.PIPE, stderr=log,
-                                           start_new_session=True)  # a Ctrl-C to the run must not reach it
+            self.keeper = subprocess.Popen(
+                cmd, stdin=read_end, stdout=subprocess.PIPE, stderr=log, start_new_session=True
+            )  # a Ctrl-C to the run must not reach it
         os.close(read_end)
         atexit.register(self.close)
         line = self.keeper.stdout.readline().decode(errors="replace").strip()  # the keeper times out itself
         self.keeper.stdout.close()
         if not line.startswith("http"):
-            raise RuntimeError(f"Prefect's API server for this run did not start ({line or 'no answer'}); its "
-                               f"log is in {self.log_path}. Set PREFECT_API_URL to a running server "
-                               f"(`prefect server start`) to use that one instead.")
+            raise RuntimeError(
+                f"Prefect's API server for this run did not start ({line or 'no answer'}); its "
+                f"log is in {self.log_path}. Set PREFECT_API_URL to a running server "
+                f"(`prefect server start`) to use that one instead."
+            )
         self.url = line
         return line
 
@@ -131,14 +143,36 @@ def _start_server(parent: int, timeout_s: float, log: logging.Logger) -> tuple[s
         port = _free_port()
         url = f"http://127.0.0.1:{port}/api"
         server = subprocess.Popen(
-            [sys.executable, "-m", "vta_pipeline.watchdog", "--watch", str(os.getpid()), "--", "uvicorn",
-             "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
-             "--log-level", "error", "--lifespan", "on"], env=env, stdin=subprocess.DEVNULL, stdout=sys.stderr)
+            [
+                sys.executable,
+                "-m",
+                "vta_pipeline.watchdog",
+                "--watch",
+                str(os.getpid()),
+                "--",
+                "uvicorn",
+                "--factory",
+                "prefect.server.api.server:create_app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--log-level",
+                "error",
+                "--lifespan",
+                "on",
+            ],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=sys.stderr,
+        )
         while server.poll() is None and not _healthy(url):
             if time.monotonic() > deadline or os.getppid() != parent:
                 _stop(server)
-                raise TimeoutError(f"no answer from {url}/health within {timeout_s:.0f} s "
-                                   "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
+                raise TimeoutError(
+                    f"no answer from {url}/health within {timeout_s:.0f} s "
+                    "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)"
+                )
             time.sleep(0.1)
         if server.poll() is None:
             log.info("Prefect API server for run process %d on %s (pid %d)", parent, url, server.pid)
@@ -168,8 +202,9 @@ def _wait_for_end(parent: int, notes: int) -> str | None:
                 break
     if _DONE in said:
         return "done"
-    signals = [line.split(" ", 1)[1] for line in said.decode(errors="replace").splitlines()
-               if line.startswith("signal ")]
+    signals = [
+        line.split(" ", 1)[1] for line in said.decode(errors="replace").splitlines() if line.startswith("signal ")
+    ]
     return signals[0] if signals else None
 
 
@@ -191,8 +226,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--api", help="an API server already running (PREFECT_API_URL): start none")
     parser.add_argument("--startup-timeout", type=float, default=180.0)
     opts = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s keeper %(process)d %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s keeper %(process)d %(levelname)s %(message)s"
+    )
     log = logging.getLogger("tasks.local_api")
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # uvicorn and Prefect print to stdout: into the log, never into the run's pipe

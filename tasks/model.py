@@ -8,10 +8,10 @@ from prefect import task
 
 from vta_pipeline import steps
 from vta_pipeline.config import ModelConfig, PackConfig, QuantizeConfig
-from vta_pipeline.vta_config import VTAConfig
 from vta_pipeline.targets import resolve_target
+from vta_pipeline.vta_config import VTAConfig
 
-from .common import RESULTS, current_id, artifact, open_store, store_cache_key
+from .common import RESULTS, artifact, current_id, open_store, store_cache_key
 
 
 def _fetch_key(p):
@@ -32,21 +32,26 @@ def _quantize_key(p):
 
 
 @task(name="quantize", cache_key_fn=store_cache_key(_quantize_key), **RESULTS)
-def quantize_model(store_root: str, model: dict[str, str], quantize: dict[str, Any], seed: int = 0,
-                   cache: str = "on") -> dict[str, str]:
+def quantize_model(
+    store_root: str, model: dict[str, str], quantize: dict[str, Any], seed: int = 0, cache: str = "on"
+) -> dict[str, str]:
     store = open_store(store_root, cache)
     return steps.quantize_step(store, artifact(store, model), QuantizeConfig(**quantize), seed).ref()
 
 
 def _pack_key(p):
     store = open_store(p["store_root"], p.get("cache", "on"))
-    return store, "pack", steps.pack_key(store, current_id(store, p["model"]), PackConfig(**p["pack"]),
-                                         VTAConfig(**p["vta"]))
+    return (
+        store,
+        "pack",
+        steps.pack_key(store, current_id(store, p["model"]), PackConfig(**p["pack"]), VTAConfig(**p["vta"])),
+    )
 
 
 @task(name="graph-pack", cache_key_fn=store_cache_key(_pack_key), **RESULTS)
-def pack_model(store_root: str, model: dict[str, str], pack: dict[str, Any], vta: dict[str, Any],
-               cache: str = "on") -> dict[str, str]:
+def pack_model(
+    store_root: str, model: dict[str, str], pack: dict[str, Any], vta: dict[str, Any], cache: str = "on"
+) -> dict[str, str]:
     store = open_store(store_root, cache)
     return steps.pack_step(store, artifact(store, model), PackConfig(**pack), VTAConfig(**vta)).ref()
 
@@ -65,14 +70,15 @@ def layout_model(store_root: str, model: dict[str, str], config: dict[str, Any],
 def _extract_key(p):
     store = open_store(p["store_root"], p.get("cache", "on"))
     vta = VTAConfig(**p["vta"]) if p.get("vta") else None
-    return store, "extract", steps.extract_key(store, current_id(store, p["fetched"]), resolve_target(p["target"]),
-                                               vta)
+    return store, "extract", steps.extract_key(store, current_id(store, p["fetched"]), resolve_target(p["target"]), vta)
 
 
 @task(name="extract-tasks", cache_key_fn=store_cache_key(_extract_key), **RESULTS)
-def extract_tasks(store_root: str, fetched: dict[str, str], target: str, cache: str = "on",
-                  vta: dict[str, Any] | None = None) -> dict[str, str]:
+def extract_tasks(
+    store_root: str, fetched: dict[str, str], target: str, cache: str = "on", vta: dict[str, Any] | None = None
+) -> dict[str, str]:
     """`vta`: the VTA config whose board runs the packed convs (target vta-sim)."""
     store = open_store(store_root, cache)
-    return steps.extract_step(store, artifact(store, fetched), resolve_target(target),
-                              VTAConfig(**vta) if vta else None).ref()
+    return steps.extract_step(
+        store, artifact(store, fetched), resolve_target(target), VTAConfig(**vta) if vta else None
+    ).ref()

@@ -9,20 +9,24 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.logging import get_run_logger
 
 from vta_pipeline import steps
+from vta_pipeline.boards import BoardSpec
 from vta_pipeline.config import MeasureConfig, TuneConfig
-from vta_pipeline.vta_config import VTAConfig
 from vta_pipeline.extract import TaskInfo
 from vta_pipeline.targets import resolve_target
-from vta_pipeline.boards import BoardSpec
+from vta_pipeline.vta_config import VTAConfig
 
-from .common import RESULTS, current_id, RETRY, artifact, open_store, store_cache_key
+from .common import RESULTS, RETRY, artifact, current_id, open_store, store_cache_key
 
 
 def _tune_key(p):
     store = open_store(p["store_root"], p.get("cache", "on"))
     key = steps.tune_key(
-        store, TaskInfo(**p["task"]), resolve_target(p["target"]),
-        TuneConfig(**p["tune"]), MeasureConfig(**p["measure"]), p["board"]["key"],
+        store,
+        TaskInfo(**p["task"]),
+        resolve_target(p["target"]),
+        TuneConfig(**p["tune"]),
+        MeasureConfig(**p["measure"]),
+        p["board"]["key"],
     )
     return store, "tune", key
 
@@ -52,13 +56,25 @@ def tune_task(
 
     def on_progress(p: dict[str, Any]) -> None:
         ok = [r["latency_ms"] for r in p["batch"] if r["latency_ms"] is not None]
-        logger.info("%s: %d/%d trials, batch best %s ms, %d errors", info.name, p["trials"], cfg.trials_per_task,
-                    f"{min(ok):.4f}" if ok else "-", sum(r["error"] is not None for r in p["batch"]))
+        logger.info(
+            "%s: %d/%d trials, batch best %s ms, %d errors",
+            info.name,
+            p["trials"],
+            cfg.trials_per_task,
+            f"{min(ok):.4f}" if ok else "-",
+            sum(r["error"] is not None for r in p["batch"]),
+        )
         update_progress_artifact(progress_id, min(100.0, 100.0 * p["trials"] / cfg.trials_per_task))
 
     art = steps.tune_step(
-        store, artifact(store, extracted), info, resolve_target(target), BoardSpec(**board),
-        cfg, MeasureConfig(**measure), on_progress,
+        store,
+        artifact(store, extracted),
+        info,
+        resolve_target(target),
+        BoardSpec(**board),
+        cfg,
+        MeasureConfig(**measure),
+        on_progress,
     )
     update_progress_artifact(progress_id, 100.0)
     return art.ref()
@@ -66,7 +82,11 @@ def tune_task(
 
 def _best_key(p):
     store = open_store(p["store_root"], p.get("cache", "on"))
-    return store, "pick_best", steps.pick_best_key(store, [current_id(store, r) for r in p["tuned"]], resolve_target(p["target"]))
+    return (
+        store,
+        "pick_best",
+        steps.pick_best_key(store, [current_id(store, r) for r in p["tuned"]], resolve_target(p["target"])),
+    )
 
 
 @task(name="pick-best", cache_key_fn=store_cache_key(_best_key), **RESULTS)
@@ -80,8 +100,11 @@ def _vta_tune_key(p):
 
     store = open_store(p["store_root"], p.get("cache", "on"))
     task = VtaTask.from_dict(p["task"])
-    return store, steps.VTA_TUNE_STEP, steps.vta_tune_key(store, task, VTAConfig(**p["vta"]), p["board_key"],
-                                                          TuneConfig(**p["tune"]))
+    return (
+        store,
+        steps.VTA_TUNE_STEP,
+        steps.vta_tune_key(store, task, VTAConfig(**p["vta"]), p["board_key"], TuneConfig(**p["tune"])),
+    )
 
 
 @task(
@@ -91,8 +114,15 @@ def _vta_tune_key(p):
     **RESULTS,
     **RETRY,
 )
-def tune_vta_task(store_root: str, task: dict[str, Any], vta: dict[str, Any], tracker: str, board_key: str,
-                  tune: dict[str, Any], cache: str = "on") -> dict[str, str]:
+def tune_vta_task(
+    store_root: str,
+    task: dict[str, Any],
+    vta: dict[str, Any],
+    tracker: str,
+    board_key: str,
+    tune: dict[str, Any],
+    cache: str = "on",
+) -> dict[str, str]:
     """One VTA conv task's knobs, tuned on the VTA boards under `board_key`."""
     from vta_pipeline.vta.tasks import VtaTask
 
@@ -103,8 +133,13 @@ def tune_vta_task(store_root: str, task: dict[str, Any], vta: dict[str, Any], tr
     progress_id = create_progress_artifact(progress=0.0, description=f"knob trials of {info.name}")
 
     def on_progress(done: int, total: int, best_ms: float | None) -> None:
-        logger.info("%s: %d/%d knob configs, best %s ms (simulated)", info.name, done, total,
-                    f"{best_ms:.3f}" if best_ms is not None else "-")
+        logger.info(
+            "%s: %d/%d knob configs, best %s ms (simulated)",
+            info.name,
+            done,
+            total,
+            f"{best_ms:.3f}" if best_ms is not None else "-",
+        )
         update_progress_artifact(progress_id, min(100.0, 100.0 * done / total))
 
     art = steps.vta_tune_step(store, info, VTAConfig(**vta), tracker, board_key, cfg, on_progress)

@@ -80,8 +80,7 @@ def deployed_nightly(prefect_server, board, tmp_path_factory):
     """The nightly deployment, deployed and triggered by hand, run by a real worker (once)."""
     from nightly_deployment import deploy_and_run
 
-    return deploy_and_run(prefect_server, board, tmp_path_factory.mktemp("nightly") / "store",
-                          OUTPUTS / "deployment")
+    return deploy_and_run(prefect_server, board, tmp_path_factory.mktemp("nightly") / "store", OUTPUTS / "deployment")
 
 
 @pytest.fixture

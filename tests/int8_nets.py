@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import nn
-
 import tvm
+from torch import nn
 from tvm.relax.frontend.torch import from_exported_program
 
 from vta_pipeline.passes.quantize import fold_batch_norm

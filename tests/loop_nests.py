@@ -34,8 +34,11 @@ def _output_writer(func):
     """(the loops around, the realize of) the block that writes the function's output: a
     buffer no block allocates."""
     found, allocated = _blocks(func)
-    return [(loops, r) for loops, r in found
-            if r.block.writes and not any(r.block.writes[0].source.same_as(b) for b in allocated)][-1]
+    return [
+        (loops, r)
+        for loops, r in found
+        if r.block.writes and not any(r.block.writes[0].source.same_as(b) for b in allocated)
+    ][-1]
 
 
 def parallel_loops(mod) -> int:
@@ -69,8 +72,11 @@ def rows_by_thread(mod, threads: int = 2, row_axis: int = 2) -> list[tuple[int, 
     step = -(-int(par.extent) // threads)
     block = realize.block
     row = block.writes[0].region[row_axis].min
-    needed = [realize.predicate] + [value for iv, value in zip(block.iter_vars, realize.iter_values)
-                                    if any(iv.var.same_as(v) for v in undefined_vars(row))]
+    needed = [realize.predicate] + [
+        value
+        for iv, value in zip(block.iter_vars, realize.iter_values)
+        if any(iv.var.same_as(v) for v in undefined_vars(row))
+    ]
     free = [v for e in needed for v in undefined_vars(e)]
     varying = [loop for loop in loops if any(loop.loop_var.same_as(v) for v in free)]
     bounds: list[list[int]] = [[] for _ in range(threads)]
@@ -93,8 +99,9 @@ def candidates(mod, target, space_generator, seed: int = 0) -> list:
     from tvm.s_tir import Schedule
     from tvm.s_tir import meta_schedule as ms
 
-    ctx = ms.TuneContext(mod=mod, target=target, space_generator=space_generator, task_name="candidates",
-                         rand_state=seed)
+    ctx = ms.TuneContext(
+        mod=mod, target=target, space_generator=space_generator, task_name="candidates", rand_state=seed
+    )
     out = []
     for space in ctx.generate_design_space():
         sch = Schedule(mod)

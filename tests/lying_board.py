@@ -10,7 +10,6 @@ under its key like any other board (`LocalBoard(server_module="lying_board")`).
 from __future__ import annotations
 
 
-
 def _init() -> None:
     import tvm
     import tvm_ffi

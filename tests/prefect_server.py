@@ -116,18 +116,20 @@ class PrefectServer:
     def server_env(self) -> dict[str, str]:
         assert self.workdir is not None
         env = _clean_environ()
-        env.update({
-            "PREFECT_HOME": str(self.home),
-            "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{self.workdir / 'prefect.db'}",
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_UI_API_URL": self.api_url,
-            "PREFECT_UI_STATIC_DIRECTORY": str(self.workdir / "ui"),  # not into the venv's site-packages
-            "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false",
-            "PREFECT_SERVER_API_HOST": self.host,
-            "PREFECT_SERVER_API_PORT": str(self.port),
-            "PREFECT_API_URL": self.api_url,  # for anything the server process itself calls
-            "PYTHONUNBUFFERED": "1",
-        })
+        env.update(
+            {
+                "PREFECT_HOME": str(self.home),
+                "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{self.workdir / 'prefect.db'}",
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                "PREFECT_UI_API_URL": self.api_url,
+                "PREFECT_UI_STATIC_DIRECTORY": str(self.workdir / "ui"),  # not into the venv's site-packages
+                "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false",
+                "PREFECT_SERVER_API_HOST": self.host,
+                "PREFECT_SERVER_API_PORT": str(self.port),
+                "PREFECT_API_URL": self.api_url,  # for anything the server process itself calls
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         env.update(self.extra_env)
         return env
 
@@ -139,13 +141,15 @@ class PrefectServer:
         env = _clean_environ()
         client_home = self.workdir / "client-home"
         client_home.mkdir(parents=True, exist_ok=True)
-        env.update({
-            "PREFECT_API_URL": self.api_url,
-            "PREFECT_UI_URL": self.ui_url,
-            "PREFECT_HOME": str(client_home),
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE": "false",  # fail loudly instead of a private server
-        })
+        env.update(
+            {
+                "PREFECT_API_URL": self.api_url,
+                "PREFECT_UI_URL": self.ui_url,
+                "PREFECT_HOME": str(client_home),
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE": "false",  # fail loudly instead of a private server
+            }
+        )
         env.update(extra or {})
         return env
 
@@ -176,14 +180,30 @@ class PrefectServer:
         self.home.mkdir(parents=True, exist_ok=True)
         if self.port is None:
             self.port = free_port(self.host)
-        cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", self.host, "--port", str(self.port),
-               "--analytics-off", "--no-background"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "prefect",
+            "server",
+            "start",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--analytics-off",
+            "--no-background",
+        ]
         if not self.services:
             cmd.append("--no-services")
         self._log_file = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            cmd, env=self.server_env(), cwd=str(self.workdir), stdin=subprocess.DEVNULL,
-            stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True,  # own process group
+            cmd,
+            env=self.server_env(),
+            cwd=str(self.workdir),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # own process group
         )
         try:
             self._wait_healthy()
@@ -206,14 +226,16 @@ class PrefectServer:
             if self.proc.poll() is not None:
                 raise PrefectServerError(
                     f"prefect server exited with code {self.proc.returncode} before answering "
-                    f"{self.api_url}/health; log tail:\n{self.log_tail()}")
+                    f"{self.api_url}/health; log tail:\n{self.log_tail()}"
+                )
             if self.healthy():
                 self.startup_seconds = time.monotonic() - t0
                 return
             if time.monotonic() > deadline:
                 raise PrefectServerError(
                     f"prefect server did not answer {self.api_url}/health within {self.startup_timeout:.0f} s "
-                    f"(log {self.log_path}); log tail:\n{self.log_tail()}")
+                    f"(log {self.log_path}); log tail:\n{self.log_tail()}"
+                )
             time.sleep(0.5)
 
     def log_tail(self, n_chars: int = 6000) -> str:

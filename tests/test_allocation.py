@@ -16,8 +16,12 @@ def test_a_task_uses_the_faster_of_its_best_schedule_and_its_default_lowering():
 
 def test_the_rest_of_the_budget_goes_where_the_networks_time_goes():
     # resnet18 at 4 trials: one conv drew an 80 ms schedule, the others are small
-    spends = [TaskSpend("big", 1, 80.0), TaskSpend("mid", 2, 5.0), TaskSpend("small", 1, 0.5),
-              TaskSpend("tiny", 3, 0.1)]
+    spends = [
+        TaskSpend("big", 1, 80.0),
+        TaskSpend("mid", 2, 5.0),
+        TaskSpend("small", 1, 0.5),
+        TaskSpend("tiny", 3, 0.1),
+    ]
     budget = allocate(spends, 4)
     assert sum(budget.values()) == 4 * len(spends)  # the network's budget, exactly
     assert all(b >= first_round(4) for b in budget.values())
@@ -32,8 +36,9 @@ def test_no_task_gets_more_than_the_cap_the_rest_goes_on_to_the_next_costliest()
 
 
 def test_the_split_follows_cost_share_weight_included():
-    budget = allocate([TaskSpend("a", 1, 3.0), TaskSpend("b", 3, 1.0), TaskSpend("c", 1, 6.0),
-                       TaskSpend("d", 1, 0.0)], 8)
+    budget = allocate(
+        [TaskSpend("a", 1, 3.0), TaskSpend("b", 3, 1.0), TaskSpend("c", 1, 6.0), TaskSpend("d", 1, 0.0)], 8
+    )
     # 16 trials left after 4 each: a and b cost 3 each, c costs 6, d nothing measured
     assert budget == {"a": 8, "b": 8, "c": 12, "d": 4}
 
@@ -44,8 +49,7 @@ def test_nothing_measured_spreads_the_rest_evenly():
 
 
 def test_a_task_whose_search_stopped_gets_no_more_trials():
-    budget = allocate([TaskSpend("done", 1, 50.0, searchable=False), TaskSpend("a", 1, 1.0),
-                       TaskSpend("b", 1, 1.0)], 4)
+    budget = allocate([TaskSpend("done", 1, 50.0, searchable=False), TaskSpend("a", 1, 1.0), TaskSpend("b", 1, 1.0)], 4)
     assert budget == {"done": 2, "a": 5, "b": 5}  # its share goes to the tasks that can use it
     assert allocate([TaskSpend("done", 1, None, searchable=False), TaskSpend("a", 1, None)], 2) == {"done": 1, "a": 3}
 

@@ -17,11 +17,19 @@ def _two_conv_onnx(path: Path) -> Path:
     import torch
 
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(),
-                              torch.nn.Conv2d(16, 8, 1), torch.nn.ReLU()).eval()
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(16, 8, 1), torch.nn.ReLU()
+    ).eval()
     with torch.no_grad():
-        torch.onnx.export(net, (torch.randn(1, 8, 16, 16),), str(path), input_names=["data"],
-                          output_names=["out"], opset_version=17, dynamo=False)
+        torch.onnx.export(
+            net,
+            (torch.randn(1, 8, 16, 16),),
+            str(path),
+            input_names=["data"],
+            output_names=["out"],
+            opset_version=17,
+            dynamo=False,
+        )
     return path
 
 
@@ -74,15 +82,29 @@ def test_an_int8_run_is_timed_against_ort_int8_with_ort_fp32_in_the_same_rounds(
     lib = tmp_path / "model.so"
     relax.build(mod, tvm.target.Target({"kind": "llvm"})).export_library(str(lib))
     reference = _ort(fp32, x)
-    b = baseline.compare(lib, fp32, x, reference, (board.host, board.port), board.key, threads=1, rounds=3,
-                         min_repeat_ms=5.0, int8_onnx=int8, float_reference=reference)
+    b = baseline.compare(
+        lib,
+        fp32,
+        x,
+        reference,
+        (board.host, board.port),
+        board.key,
+        threads=1,
+        rounds=3,
+        min_repeat_ms=5.0,
+        int8_onnx=int8,
+        float_reference=reference,
+    )
     assert b["engine"] == baseline.INT8_ENGINE and b["fp32"]["engine"] == baseline.ENGINE
     assert len(b["ours_rounds_ms"]) == len(b["ort_rounds_ms"]) == len(b["fp32"]["ort_rounds_ms"]) == 3
     assert b["ratio"] == pytest.approx(b["ours_ms"] / b["ort_ms"])
     assert b["fp32"]["ratio"] == pytest.approx(b["ours_ms"] / b["fp32"]["ort_ms"])
     assert b["fp32"]["ort_output_matches"] and b["ort_vs_float"]["cosine"] > 0.99
-    result = {"untuned": {"mean_ms": 1.0, "std_ms": 0.0, "median_ms": 1.0, "correct": True},
-              "tuned": {"mean_ms": 1.0, "std_ms": 0.0, "median_ms": 1.0, "correct": True}, "baseline": b}
+    result = {
+        "untuned": {"mean_ms": 1.0, "std_ms": 0.0, "median_ms": 1.0, "correct": True},
+        "tuned": {"mean_ms": 1.0, "std_ms": 0.0, "median_ms": 1.0, "correct": True},
+        "baseline": b,
+    }
     engines = [r[0] for r in latency_rows(result)]
     assert engines[2:] == ["ONNX Runtime fp32 (in turn)", "ONNX Runtime int8 (U8S8 QDQ) (in turn)"]
     assert "in turn with ONNX Runtime int8 (U8S8 QDQ)" in baseline_line(result)

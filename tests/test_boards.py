@@ -44,14 +44,22 @@ def _board_pids(root_pids) -> list[int]:
 def test_a_board_dies_with_its_owner_when_the_owner_is_sigkilled(tmp_path):
     """The owner's whole board (tracker, servers and the workers they forked) is gone within
     seconds of a SIGKILL that gave the owner no chance to stop it."""
-    owner = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    owner = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import json, sys, time
         from vta_pipeline.boards import LocalBoard
-        b = LocalBoard(key="orphan", num_servers=2, log_dir={str(tmp_path / 'logs')!r},
-                       registry={str(tmp_path / 'registry')!r}).start()
+        b = LocalBoard(key="orphan", num_servers=2, log_dir={str(tmp_path / "logs")!r},
+                       registry={str(tmp_path / "registry")!r}).start()
         print(json.dumps([p.pid for p in b.procs]), flush=True)
         time.sleep(600)
-        """)], stdout=subprocess.PIPE, text=True)
+        """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         pids = _board_pids(json.loads(owner.stdout.readline()))
         assert len(pids) >= 6  # tracker + 2 servers, each with its popen worker
@@ -74,10 +82,12 @@ def test_reap_orphans_stops_a_recorded_board_whose_owner_died_and_leaves_live_ow
     orphan = subprocess.Popen(["sleep", "600"], start_new_session=True)
     kept = subprocess.Popen(["sleep", "600"], start_new_session=True)
     try:
-        (registry / "127.0.0.1-1.json").write_text(json.dumps(
-            {"tracker": "127.0.0.1:1", "key": "a", "owner": dead_ident, "procs": [identity(orphan.pid)]}))
-        (registry / "127.0.0.1-2.json").write_text(json.dumps(
-            {"tracker": "127.0.0.1:2", "key": "b", "owner": identity(), "procs": [identity(kept.pid)]}))
+        (registry / "127.0.0.1-1.json").write_text(
+            json.dumps({"tracker": "127.0.0.1:1", "key": "a", "owner": dead_ident, "procs": [identity(orphan.pid)]})
+        )
+        (registry / "127.0.0.1-2.json").write_text(
+            json.dumps({"tracker": "127.0.0.1:2", "key": "b", "owner": identity(), "procs": [identity(kept.pid)]})
+        )
         assert reap_orphans(registry) == ["127.0.0.1:1"]
         assert orphan.wait(10) == -signal.SIGKILL
         assert kept.poll() is None
@@ -93,8 +103,11 @@ def test_a_recorded_pid_now_naming_another_process_is_not_signalled(tmp_path):
     bystander = subprocess.Popen(["sleep", "600"], start_new_session=True)
     try:
         stale = dict(identity(bystander.pid), start=identity(bystander.pid)["start"] - 3600)  # pid reused
-        (registry / "127.0.0.1-3.json").write_text(json.dumps(
-            {"tracker": "127.0.0.1:3", "key": "c", "owner": {"pid": 2 ** 22 + 1, "start": 0}, "procs": [stale]}))
+        (registry / "127.0.0.1-3.json").write_text(
+            json.dumps(
+                {"tracker": "127.0.0.1:3", "key": "c", "owner": {"pid": 2**22 + 1, "start": 0}, "procs": [stale]}
+            )
+        )
         assert reap_orphans(registry) == []
         assert bystander.poll() is None and not (registry / "127.0.0.1-3.json").exists()
     finally:
@@ -120,8 +133,18 @@ def test_a_server_that_exits_while_starting_is_named_with_the_tail_of_its_log(tm
 
 def test_a_server_that_never_registers_is_named_when_the_start_times_out(tmp_path, monkeypatch, caplog):
     def lost_server(self, record=True):  # registers with a tracker nobody runs
-        return self._spawn(["tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{boards.free_port()}",
-                            "--key", self.key, "--host", self.host], "server1")
+        return self._spawn(
+            [
+                "tvm.exec.rpc_server",
+                "--tracker",
+                f"127.0.0.1:{boards.free_port()}",
+                "--key",
+                self.key,
+                "--host",
+                self.host,
+            ],
+            "server1",
+        )
 
     monkeypatch.setattr(LocalBoard, "add_server", lost_server)
     monkeypatch.setattr(boards, "PROGRESS_EVERY_S", 2.0)
@@ -135,12 +158,20 @@ def test_a_server_that_never_registers_is_named_when_the_start_times_out(tmp_pat
 
 
 def test_a_board_started_detached_outlives_the_command_until_board_down(tmp_path):
-    env = dict(os.environ, VTA_PIPELINE_BOARD_STATE=str(tmp_path / "board.json"),
-               VTA_PIPELINE_BOARD_REGISTRY=str(tmp_path / "registry"))
+    env = dict(
+        os.environ,
+        VTA_PIPELINE_BOARD_STATE=str(tmp_path / "board.json"),
+        VTA_PIPELINE_BOARD_REGISTRY=str(tmp_path / "registry"),
+    )
     cli = [sys.executable, "-m", "vta_pipeline.cli", "board"]
     port = boards.free_port()
-    up = subprocess.run([*cli, "up", "--key", "detached", "--servers", "1", "--port", str(port)],
-                        env=env, capture_output=True, text=True, timeout=300)
+    up = subprocess.run(
+        [*cli, "up", "--key", "detached", "--servers", "1", "--port", str(port)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert up.returncode == 0, up.stderr
     pids = _board_pids(json.loads((tmp_path / "board.json").read_text())["pids"])
     try:
@@ -188,14 +219,19 @@ def test_board_down_never_signals_a_process_that_took_a_recorded_pid(tmp_path):
     bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
         other_start = dict(identity(bystander.pid), start=identity(bystander.pid)["start"] - 1000.0)
-        for state in ({"tracker": "127.0.0.1:1", "key": "k", "pids": [bystander.pid], "procs": [other_start]},
-                      {"tracker": "127.0.0.1:1", "key": "k", "pids": [bystander.pid]}):
+        for state in (
+            {"tracker": "127.0.0.1:1", "key": "k", "pids": [bystander.pid], "procs": [other_start]},
+            {"tracker": "127.0.0.1:1", "key": "k", "pids": [bystander.pid]},
+        ):
             f = tmp_path / "board.json"
             f.write_text(json.dumps(state))
             assert stop_from_state(f)["key"] == "k" and not f.exists()
             assert bystander.poll() is None  # still running: not ours to stop
-        f.write_text(json.dumps({"tracker": "127.0.0.1:1", "key": "k", "pids": [bystander.pid],
-                                 "procs": [identity(bystander.pid)]}))
+        f.write_text(
+            json.dumps(
+                {"tracker": "127.0.0.1:1", "key": "k", "pids": [bystander.pid], "procs": [identity(bystander.pid)]}
+            )
+        )
         stop_from_state(f)  # the very process recorded: stopped
         assert bystander.wait(10) is not None
     finally:

@@ -17,8 +17,10 @@ runner = CliRunner()
 def _with(tool: str):
     """A case whose error comes after the target's toolchain check: it needs the cross
     compiler (CI installs it and sets VTA_PIPELINE_REQUIRE_CROSS, so there it always runs)."""
-    return pytest.mark.skipif(shutil.which(tool) is None and not os.environ.get("VTA_PIPELINE_REQUIRE_CROSS"),
-                              reason=f"{tool} is not installed: the toolchain error comes first")
+    return pytest.mark.skipif(
+        shutil.which(tool) is None and not os.environ.get("VTA_PIPELINE_REQUIRE_CROSS"),
+        reason=f"{tool} is not installed: the toolchain error comes first",
+    )
 
 
 @pytest.mark.parametrize(
@@ -29,12 +31,17 @@ def _with(tool: str):
         (["run", "--source", "onnx", "--onnx-path", "/nonexistent.onnx"], "/nonexistent.onnx does not exist"),
         (["run", "--target", "hots"], "Did you mean host"),
         (["run", "--target", '{"kind": "llvm"'], "valid JSON"),
-        pytest.param(["run", "--target", "pynq-arm"], "--tracker HOST:PORT of the tracker your 'pynq' boards",
-                     marks=_with("arm-linux-gnueabihf-g++")),
+        pytest.param(
+            ["run", "--target", "pynq-arm"],
+            "--tracker HOST:PORT of the tracker your 'pynq' boards",
+            marks=_with("arm-linux-gnueabihf-g++"),
+        ),
         (["run", "--target", "cuda:volta"], "cuda:sm_86"),
         (["run", "--target", "pynq-vta"], "cannot run yet: it needs a Pynq-Z1 with a VTA bitstream"),
         (["run", "--target", "cuda", "--vta", "--tracker", "127.0.0.1:1"], "without --vta"),
-        pytest.param(["build", "--target", "rk3399-mali", "--vta"], "without --vta", marks=_with("aarch64-linux-gnu-g++")),
+        pytest.param(
+            ["build", "--target", "rk3399-mali", "--vta"], "without --vta", marks=_with("aarch64-linux-gnu-g++")
+        ),
         (["run", "--tracker", "nohost"], "HOST:PORT"),
         (["run", "--trials-per-task", "0"], "tune.trials_per_task"),
         (["run", "--input-shape", "1,3,a,b"], "--input-shape"),
@@ -110,8 +117,13 @@ def test_board_up_status_down(tmp_path):
     from vta_pipeline.boards import free_port
 
     port = free_port()
-    up = subprocess.run([*cli, "up", "--key", "cli", "--servers", "1", "--port", str(port)],
-                        env=full, capture_output=True, text=True, timeout=180)
+    up = subprocess.run(
+        [*cli, "up", "--key", "cli", "--servers", "1", "--port", str(port)],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     try:
         assert up.returncode == 0, up.stderr
         status = subprocess.run([*cli, "status"], env=full, capture_output=True, text=True, timeout=60)
@@ -119,9 +131,9 @@ def test_board_up_status_down(tmp_path):
     finally:
         down = subprocess.run([*cli, "down"], env=full, capture_output=True, text=True, timeout=60)
     assert "stopped the board" in down.stdout
-    from vta_pipeline.boards import port_open
-
     import time
+
+    from vta_pipeline.boards import port_open
 
     time.sleep(1)
     assert not port_open("127.0.0.1", port)
@@ -138,8 +150,9 @@ def test_board_up_vta_sim_starts_servers_that_run_vtas_simulator(tmp_path):
     full = dict(os.environ, VTA_PIPELINE_BOARD_STATE=str(tmp_path / "board.json"))
     cli = [sys.executable, "-m", "vta_pipeline.cli", "board"]
     port = free_port()
-    up = subprocess.run([*cli, "up", "--vta-sim", "--port", str(port)], env=full, capture_output=True, text=True,
-                        timeout=180)
+    up = subprocess.run(
+        [*cli, "up", "--vta-sim", "--port", str(port)], env=full, capture_output=True, text=True, timeout=180
+    )
     try:
         assert up.returncode == 0, up.stderr
         assert "VTA simulator server(s) under key 'vta-sim'" in up.stdout
@@ -197,8 +210,9 @@ def test_the_winograd_tile_setting_keys_the_pack_step_only_with_winograd_on():
     from vta_pipeline.steps import _pack_config
 
     def key(winograd=None, winograd_small_below=None):
-        cfg = build_config(None, _int8_overrides(True, *[None] * 13, winograd=winograd,
-                                                 winograd_small_below=winograd_small_below))
+        cfg = build_config(
+            None, _int8_overrides(True, *[None] * 13, winograd=winograd, winograd_small_below=winograd_small_below)
+        )
         return _pack_config(cfg.pack, cfg.vta)["pack"]
 
     assert "winograd_small_below" not in key() and "winograd_small_below" not in key(winograd_small_below=0)

@@ -61,8 +61,10 @@ def test_int8_sections_of_a_config_file(tmp_path):
     from vta_pipeline.config import build_config, load_config_file
 
     f = tmp_path / "vta.toml"
-    f.write_text('[quantize]\nenabled = true\ncalibrate_mode = "percentile"\nskip_conv_layers = [0, 3]\n'
-                 '[pack]\nenabled = true\nstart_name = "nn.conv2d"\nstart_name_idx = 9\n[vta]\nLOG_BLOCK = 5\n')
+    f.write_text(
+        '[quantize]\nenabled = true\ncalibrate_mode = "percentile"\nskip_conv_layers = [0, 3]\n'
+        '[pack]\nenabled = true\nstart_name = "nn.conv2d"\nstart_name_idx = 9\n[vta]\nLOG_BLOCK = 5\n'
+    )
     cfg = build_config(load_config_file(f), {})
     assert cfg.quantize.enabled and cfg.quantize.skip_conv_layers == (0, 3)
     assert cfg.pack.start_name_idx == 9 and cfg.vta.BLOCK_OUT == 32

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from vta_pipeline import cost_model
+from vta_pipeline.boards import BoardSpec
 from vta_pipeline.config import MeasureConfig, TuneConfig
 from vta_pipeline.extract import load_tasks
-from vta_pipeline.boards import BoardSpec
 from vta_pipeline.trial_log import read_trials, task_work_dir
 from vta_pipeline.tuning import tune_task
 
@@ -29,9 +29,17 @@ def _tuned(micronet, board, host_target, tmp_path_factory):
     works = []
     for t in convs:
         work = task_work_dir(root, host_target.id, t.workload_hash)
-        tune_task(extracted.path / t.file, t.name, t.flops, t.workload_hash, host_target.target_json,
-                  BoardSpec(board.host, board.port, board.key, 2), TuneConfig(trials_per_task=8, trials_per_batch=4),
-                  MEASURE, work)
+        tune_task(
+            extracted.path / t.file,
+            t.name,
+            t.flops,
+            t.workload_hash,
+            host_target.target_json,
+            BoardSpec(board.host, board.port, board.key, 2),
+            TuneConfig(trials_per_task=8, trials_per_batch=4),
+            MEASURE,
+            work,
+        )
         works.append(work)
     return root, extracted, convs, works
 
@@ -57,9 +65,15 @@ def _candidates(extracted, task, host_target, n=16):
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    ctx = ms.TuneContext(mod=tvm.ir.load_json((extracted.path / task.file).read_text()),
-                         target=_target(host_target), space_generator="post-order-apply",
-                         search_strategy="replay-trace", task_name=task.name, rand_state=7, num_threads=1)
+    ctx = ms.TuneContext(
+        mod=tvm.ir.load_json((extracted.path / task.file).read_text()),
+        target=_target(host_target),
+        space_generator="post-order-apply",
+        search_strategy="replay-trace",
+        task_name=task.name,
+        rand_state=7,
+        num_threads=1,
+    )
     ctx.pre_tuning(max_trials=n, num_trials_per_iter=n, design_spaces=ctx.generate_design_space())
     return ctx, list(ctx.search_strategy.generate_measure_candidates())
 
@@ -94,9 +108,17 @@ def test_leasing_again_and_resumed_rounds_do_not_count_records_twice(tuned_scope
     # Tuning on: the round's 4 measurements reach the model once (through MetaSchedule's
     # update), not again from the records the round wrote.
     t = convs[0]
-    out = tune_task(extracted.path / t.file, t.name, t.flops, t.workload_hash, host_target.target_json,
-                    BoardSpec(board.host, board.port, board.key, 2), TuneConfig(trials_per_task=12, trials_per_batch=4),
-                    MEASURE, works[0])
+    out = tune_task(
+        extracted.path / t.file,
+        t.name,
+        t.flops,
+        t.workload_hash,
+        host_target.target_json,
+        BoardSpec(board.host, board.port, board.key, 2),
+        TuneConfig(trials_per_task=12, trials_per_batch=4),
+        MEASURE,
+        works[0],
+    )
     assert out.trials_this_run == 4
     with cost_model.lease(works[0], target):
         assert cost_model.samples(works[0], target) == 16 + 4

@@ -14,10 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import tvm
 from int8_nets import Blocks, build_run, randomize, to_relax
 from torch import nn
-
-import tvm
 from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 
@@ -164,8 +163,7 @@ def test_blocked_sigmoid_and_swish_are_vector_polynomials_not_libm_calls_and_pla
     asm = tvm.compile(blocked, target=target).mod.imports[0].inspect_source("asm")
     assert "expf" not in asm
     vm = relax.VirtualMachine(tvm.compile(blocked, target=target), tvm.cpu())
-    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy().reshape(ref.shape), ref,
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy().reshape(ref.shape), ref, rtol=1e-4, atol=1e-5)
     plain = [gv.name_hint for gv in lower_for_tuning(mod).functions]
     assert any("sigmoid" in n for n in plain) and not any("fast_" in n for n in plain)
 
@@ -177,9 +175,20 @@ def test_a_channel_shuffle_runs_in_nchw_and_the_rest_stays_blocked():
     assert rep.padded_convs == 4
 
 
-@pytest.mark.parametrize("channels, block, padded", [
-    (64, 16, 64), (512, 16, 512), (24, 8, 24), (72, 8, 72), (40, 8, 40), (58, 16, 64), (116, 8, 120),
-    (3, 3, 3), (1, 1, 1)])
+@pytest.mark.parametrize(
+    "channels, block, padded",
+    [
+        (64, 16, 64),
+        (512, 16, 512),
+        (24, 8, 24),
+        (72, 8, 72),
+        (40, 8, 40),
+        (58, 16, 64),
+        (116, 8, 120),
+        (3, 3, 3),
+        (1, 1, 1),
+    ],
+)
 def test_the_block_follows_the_channel_count(channels, block, padded):
     assert block_for(channels, LayoutParams()) == (block, padded)
 
@@ -207,7 +216,8 @@ def test_a_tuned_build_from_the_packed_spaces_equals_pytorch(tmp_path):
     as the build step builds, equals PyTorch's output."""
     from vta_pipeline.build import LIB, build_network
     from vta_pipeline.relax_pipeline import lower_for_tuning
-    from vta_pipeline.spaces import design_space, label as space_label
+    from vta_pipeline.spaces import design_space
+    from vta_pipeline.spaces import label as space_label
 
     intrin_registry.load()
     spec = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}
@@ -223,8 +233,9 @@ def test_a_tuned_build_from_the_packed_spaces_equals_pytorch(tmp_path):
         wl = task.dispatched[0]
         labels.append(space_label(target, wl))
         for seed in range(1, 40):
-            ctx = ms.TuneContext(mod=wl, target=target, space_generator=design_space(target, wl), task_name="t",
-                                 rand_state=seed * 7919)
+            ctx = ms.TuneContext(
+                mod=wl, target=target, space_generator=design_space(target, wl), task_name="t", rand_state=seed * 7919
+            )
             spaces = ctx.generate_design_space()
             sch = spaces[seed % len(spaces)]
             if all(p.apply(sch) for p in ctx.space_generator.postprocs):
@@ -237,17 +248,20 @@ def test_a_tuned_build_from_the_packed_spaces_equals_pytorch(tmp_path):
 
 
 # ---- the presets ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("overrides, target, blocked, winograd", [
-    ({}, "host", True, True),                                   # a user who passes nothing
-    ({"opt": "O1"}, "host", True, False),
-    ({"opt": "O0"}, "host", False, False),
-    ({"layout.winograd": False}, "host", True, False),
-    ({"opt": "O0", "layout.enabled": True}, "host", True, False),
-    ({"pack.enabled": True}, "host", False, False),             # graph pack's layout instead
-    ({"quantize.enabled": True}, "rk3399-cpu", True, True),     # ARM too; Winograd only takes float convs
-    ({}, "cuda", False, False),
-    ({"quantize.enabled": True, "pack.enabled": True}, "vta-sim", False, False),
-])
+@pytest.mark.parametrize(
+    "overrides, target, blocked, winograd",
+    [
+        ({}, "host", True, True),  # a user who passes nothing
+        ({"opt": "O1"}, "host", True, False),
+        ({"opt": "O0"}, "host", False, False),
+        ({"layout.winograd": False}, "host", True, False),
+        ({"opt": "O0", "layout.enabled": True}, "host", True, False),
+        ({"pack.enabled": True}, "host", False, False),  # graph pack's layout instead
+        ({"quantize.enabled": True}, "rk3399-cpu", True, True),  # ARM too; Winograd only takes float convs
+        ({}, "cuda", False, False),
+        ({"quantize.enabled": True, "pack.enabled": True}, "vta-sim", False, False),
+    ],
+)
 def test_the_fast_path_is_the_default_of_every_cpu_target_and_flags_override_it(overrides, target, blocked, winograd):
     cfg = build_config(None, {"target": target, **overrides})
     r = layout_step.recipe(cfg, resolve_target(target))

@@ -31,8 +31,9 @@ CROSS = {"pynq-arm": "ELF 32-bit LSB shared object, ARM", "rk3399-cpu": "ELF 64-
 TOOLS = ("arm-linux-gnueabihf-g++", "aarch64-linux-gnu-g++", "file")
 missing = [t for t in TOOLS if shutil.which(t) is None]
 if missing and os.environ.get("VTA_PIPELINE_REQUIRE_CROSS"):
-    raise RuntimeError(f"cross toolchain missing: {missing}; apt-get install g++-arm-linux-gnueabihf "
-                       "g++-aarch64-linux-gnu file")
+    raise RuntimeError(
+        f"cross toolchain missing: {missing}; apt-get install g++-arm-linux-gnueabihf g++-aarch64-linux-gnu file"
+    )
 needs_cross = pytest.mark.skipif(bool(missing), reason=f"not installed: {missing}")
 
 
@@ -86,8 +87,11 @@ def test_cuda_builds_without_a_gpu_and_carries_cuda_kernels(store):
 @pytest.mark.parametrize("target", ["pynq-arm", "rk3399-cpu", "rk3399-mali", "cuda"])
 def test_task_extraction_reads_the_same_conv_workloads_for_every_preset(store, host_target, target):
     fetched = steps.fetch_step(store, ModelConfig(source="builtin", name="tinynet"))
-    ref = sorted(tuple(t.workload) for t in load_tasks(steps.extract_step(store, fetched, host_target).path)
-                 if t.op in ("conv2d", "depthwise_conv2d"))
+    ref = sorted(
+        tuple(t.workload)
+        for t in load_tasks(steps.extract_step(store, fetched, host_target).path)
+        if t.op in ("conv2d", "depthwise_conv2d")
+    )
     tgt = resolve_target(target)
     extracted = steps.extract_step(store, fetched, tgt)
     tasks = load_tasks(extracted.path)
@@ -112,7 +116,8 @@ def test_tuning_candidates_are_linked_for_the_board(micronet):
     rk = resolve_target("rk3399-cpu")
     mod = tvm.ir.load_json((extracted.path / task.file).read_text())
     (built,) = make_builder(120, max_workers=1, cross_compiler=rk.cross_compiler).build(
-        [ms.builder.BuilderInput(mod, rk.tvm_target())])
+        [ms.builder.BuilderInput(mod, rk.tvm_target())]
+    )
     assert built.error_msg is None, built.error_msg
     assert _file(built.artifact_path).startswith(CROSS["rk3399-cpu"])
 
@@ -137,11 +142,20 @@ def test_cuda_tunes_builds_and_evaluates_on_a_local_gpu_board(prefect_harness, t
     """The whole flow on a CUDA board: a local rpc server on this GPU machine."""
     from flows.tune_network import tune_network
 
-    cfg = build_config(None, {
-        "model.source": "builtin", "model.name": "micronet", "target": "cuda", "board.key": "cuda",
-        "tune.trials_per_task": 8, "tune.trials_per_batch": 8, "tune.task_filter": "conv2d",
-        "evaluate.repeat": 5, "store": str(tmp_path / "store"),
-    })
+    cfg = build_config(
+        None,
+        {
+            "model.source": "builtin",
+            "model.name": "micronet",
+            "target": "cuda",
+            "board.key": "cuda",
+            "tune.trials_per_task": 8,
+            "tune.trials_per_batch": 8,
+            "tune.task_filter": "conv2d",
+            "evaluate.repeat": 5,
+            "store": str(tmp_path / "store"),
+        },
+    )
     result = tune_network(cfg.model_dump(mode="json"))
     assert result["tuned"]["correct"] and result["untuned"]["correct"]
     assert all(t["best_gflops"] > 0 for t in result["tasks"])

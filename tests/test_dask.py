@@ -38,17 +38,41 @@ REPO = Path(__file__).resolve().parent.parent
 def _cfg(store, tracker, key, trials=2):
     # replay-trace + random cost model: no evolution rounds, no XGBoost. What is under test is
     # where the tuning runs, not how well it searches, and the workers start cold.
-    return build_config(None, {
-        "model.source": "builtin", "model.name": "micronet", "board.tracker": tracker, "board.key": key,
-        "tune.trials_per_task": trials, "tune.trials_per_batch": trials, "tune.task_filter": "conv2d",
-        "tune.search": "replay-trace", "tune.cost_model": "random", "measure.number": 2, "evaluate.repeat": 3,
-        "store": str(store), "opt": "O0",
-    }).model_dump(mode="json")
+    return build_config(
+        None,
+        {
+            "model.source": "builtin",
+            "model.name": "micronet",
+            "board.tracker": tracker,
+            "board.key": key,
+            "tune.trials_per_task": trials,
+            "tune.trials_per_batch": trials,
+            "tune.task_filter": "conv2d",
+            "tune.search": "replay-trace",
+            "tune.cost_model": "random",
+            "measure.number": 2,
+            "evaluate.repeat": 3,
+            "store": str(store),
+            "opt": "O0",
+        },
+    ).model_dump(mode="json")
 
 
 # ---- the address and the cluster checks, without a cluster -------------------------------------
-@pytest.mark.parametrize("bad", ["", "localhost", "tcp://", "tcp://host", "tcp://host:0", "tcp://host:99999",
-                                 "tcp://host:port", "http://host:8786", "tcp://host:8786/x"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "localhost",
+        "tcp://",
+        "tcp://host",
+        "tcp://host:0",
+        "tcp://host:99999",
+        "tcp://host:port",
+        "http://host:8786",
+        "tcp://host:8786/x",
+    ],
+)
 def test_bad_scheduler_address_names_it_and_the_form(bad):
     with pytest.raises(DaskSetupError) as e:
         with_task_runner(object(), bad)
@@ -112,8 +136,14 @@ def test_probe_reports_a_store_it_cannot_see(tmp_path):
 
 # ---- a real cluster ------------------------------------------------------------------------------
 def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, env=env, stdout=log.open("wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", *args],
+        cwd=REPO,
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -162,17 +192,26 @@ def test_tuning_tasks_run_on_two_dask_workers(prefect_harness, board, tmp_path):
     # What a worker machine gets: this project's environment and code, the API URL of the
     # flow's Prefect server. Its own PREFECT_HOME and Dask scratch space, so nothing lands in
     # the user's ~/.prefect or in /tmp.
-    env = dict(os.environ, PREFECT_API_URL=api_url, PREFECT_HOME=str(tmp_path / "worker-prefect-home"),
-               DASK_TEMPORARY_DIRECTORY=str(tmp_path / "dask-tmp"),
-               PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
-               PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        PREFECT_API_URL=api_url,
+        PREFECT_HOME=str(tmp_path / "worker-prefect-home"),
+        DASK_TEMPORARY_DIRECTORY=str(tmp_path / "dask-tmp"),
+        PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        PYTHONUNBUFFERED="1",
+    )
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
     logs = [tmp_path / "scheduler.log", tmp_path / "tuner-1.log", tmp_path / "tuner-2.log"]
     procs: list[subprocess.Popen] = []
     try:
-        procs.append(_spawn(["distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", str(port),
-                             "--no-dashboard"], logs[0], env))
+        procs.append(
+            _spawn(
+                ["distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+                logs[0],
+                env,
+            )
+        )
         deadline = time.monotonic() + 120
         while True:  # the scheduler imports distributed first: up to a minute on this machine
             assert procs[0].poll() is None, _tails(logs)
@@ -189,9 +228,25 @@ def test_tuning_tasks_run_on_two_dask_workers(prefect_harness, board, tmp_path):
 
         # Two workers, each as `dask worker ADDRESS` starts one (with its nanny), one thread.
         for i in (1, 2):
-            procs.append(_spawn(["distributed.cli.dask_worker", address, "--nworkers", "1", "--nthreads", "1",
-                                 "--name", f"tuner-{i}", "--host", "127.0.0.1", "--no-dashboard"],
-                                logs[i], env))
+            procs.append(
+                _spawn(
+                    [
+                        "distributed.cli.dask_worker",
+                        address,
+                        "--nworkers",
+                        "1",
+                        "--nthreads",
+                        "1",
+                        "--name",
+                        f"tuner-{i}",
+                        "--host",
+                        "127.0.0.1",
+                        "--no-dashboard",
+                    ],
+                    logs[i],
+                    env,
+                )
+            )
         require_workers(address, min_workers=2, wait_s=180)
 
         store = ArtifactStore(tmp_path / "shared-store")

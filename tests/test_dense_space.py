@@ -6,15 +6,13 @@ MetaSchedule's generic space searched before is kept and searched again in this 
 from __future__ import annotations
 
 import numpy as np
-import pytest
+import tvm
 from loop_nests import candidates, rows_by_thread
 from space_research import generic_then_current
-
-import tvm
 from tvm.s_tir import Schedule
 from tvm.script import tirx as T
 
-from vta_pipeline import spaces, tuning
+from vta_pipeline import spaces
 from vta_pipeline.spaces import dense as dense_space
 from vta_pipeline.spaces.upgrade import ARCHIVED, archive_name, upgrades
 from vta_pipeline.trial_log import read_state
@@ -26,8 +24,12 @@ def dense(batch: int, k: int, n: int, dtype: str = "float32", relu: bool = True)
     """y = relu(x @ w + b), as Relax lowers a classifier: w a layout-free parameter."""
 
     @T.prim_func(s_tir=True)
-    def main(x: T.Buffer((batch, k), dtype), w: T.Buffer((k, n), dtype), b: T.Buffer((n,), dtype),
-             y: T.Buffer((batch, n), dtype)):
+    def main(
+        x: T.Buffer((batch, k), dtype),
+        w: T.Buffer((k, n), dtype),
+        b: T.Buffer((n,), dtype),
+        y: T.Buffer((batch, n), dtype),
+    ):
         T.func_attr({"layout_free_buffers": [1, 2], "tirx.noalias": True})
         mm = T.sblock_alloc_buffer((batch, n), dtype)
         biased = T.sblock_alloc_buffer((batch, n), dtype)
@@ -102,12 +104,14 @@ def test_a_build_of_every_space_computes_the_layer():
         np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5)
 
 
-def test_a_generic_search_is_kept_and_the_task_searched_again_in_the_dense_space(board, host_target, tmp_path,
-                                                                                 monkeypatch):
+def test_a_generic_search_is_kept_and_the_task_searched_again_in_the_dense_space(
+    board, host_target, tmp_path, monkeypatch
+):
     assert upgrades("metaschedule", "dense:1") and not upgrades("dense:1", "dense:1")
     assert not upgrades("injective:1", "dense:1") and not upgrades("metaschedule", "injective:1")
-    after, work = generic_then_current(dense(1, 64, 16), "fused_matmul_add", 2 * 64 * 16, "dense-1x64x16",
-                                       host_target, board, tmp_path, monkeypatch)
+    after, work = generic_then_current(
+        dense(1, 64, 16), "fused_matmul_add", 2 * 64 * 16, "dense-1x64x16", host_target, board, tmp_path, monkeypatch
+    )
     assert read_state(work)["space"] == f"dense:{dense_space.VERSION}"
     assert (work / archive_name("metaschedule") / ARCHIVED).exists()
     assert after.trials == after.trials_this_run >= 1

@@ -3,7 +3,6 @@ pool, `prefect deploy` of deployments/prefect.yaml, a run triggered by hand, a r
 (the run itself: tests/nightly_deployment.py, shared with the UI test)."""
 
 import pytest
-
 from nightly_deployment import NIGHT, POOL, REPO
 
 pytestmark = pytest.mark.slow
@@ -60,13 +59,19 @@ def test_a_run_whose_process_is_killed_is_marked_crashed_by_the_heartbeat_automa
     assert spec["trigger"]["within"] >= 2 * beat_s  # one late heartbeat is not a crash
     spec["trigger"]["within"] = 40  # the test's heartbeat comes every 30 s (Prefect's minimum)
     flow_file = tmp_path / "sleeper.py"
-    flow_file.write_text("import time\nfrom prefect import flow\n\n@flow(name='heartbeat-sleeper')\n"
-                         "def sleeper():\n    time.sleep(900)\n\nsleeper()\n")
+    flow_file.write_text(
+        "import time\nfrom prefect import flow\n\n@flow(name='heartbeat-sleeper')\n"
+        "def sleeper():\n    time.sleep(900)\n\nsleeper()\n"
+    )
     with prefect_server.client() as client:
         automation = client.create_automation(AutomationCore.model_validate(spec))
-        proc = subprocess.Popen([sys.executable, str(flow_file)],
-                                env=prefect_server.env({"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(flow_file)],
+            env=prefect_server.env({"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             deadline = time.time() + 180
             runs = []

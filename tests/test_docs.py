@@ -18,9 +18,19 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 BENCHMARKS_README = ROOT / "benchmarks" / "README.md"
 PAGES = [README, *sorted(DOCS.glob("*.md")), BENCHMARKS_README]
-DOCS_PAGES = ("index.md", "getting-started.md", "boards-and-targets.md", "int8-and-vta.md", "nightly-operations.md",
-              "performance.md", "when-things-fail.md", "configuration.md", "command-line.md", "architecture.md",
-              "development.md")
+DOCS_PAGES = (
+    "index.md",
+    "getting-started.md",
+    "boards-and-targets.md",
+    "int8-and-vta.md",
+    "nightly-operations.md",
+    "performance.md",
+    "when-things-fail.md",
+    "configuration.md",
+    "command-line.md",
+    "architecture.md",
+    "development.md",
+)
 README_MAX_BYTES = 12_000
 REGENERATE = "uv run python docs/gen_config_reference.py"
 
@@ -51,7 +61,12 @@ def _split_fences(text: str) -> tuple[list[str], list[str]]:
                 fence, body = m.group(1), []
             else:
                 prose.append(line)
-        elif m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and not line.strip()[len(m.group(1)):].strip():
+        elif (
+            m
+            and m.group(1)[0] == fence[0]
+            and len(m.group(1)) >= len(fence)
+            and not line.strip()[len(m.group(1)) :].strip()
+        ):
             blocks.append("\n".join(body))
             fence = None
         else:
@@ -126,6 +141,18 @@ def test_every_relative_link_leads_to_a_file_that_exists(page):
     assert not broken, f"{_rel(page)} links to files that do not exist: {broken}"
 
 
+# `path/to/module.py` in a page: the file exists, from the repository's root or from
+# vta_pipeline/ (pages name the library's modules from there: `passes/graph_pack.py`)
+SOURCE_PATH = re.compile(r"`((?:[\w.-]+/)+[\w.-]+\.py)(?::[\w.]+)?`")
+
+
+@pytest.mark.parametrize("page", [*PAGES, ROOT / "vta_pipeline" / "library" / "README.md"], ids=_rel)
+def test_every_source_path_a_page_names_exists(page):
+    named = set(SOURCE_PATH.findall(page.read_text()))
+    stale = sorted(p for p in named if not (ROOT / p).exists() and not (ROOT / "vta_pipeline" / p).exists())
+    assert not stale, f"{_rel(page)} names files that are not in the tree (moved or renamed?): {stale}"
+
+
 @pytest.mark.parametrize("page", PAGES, ids=_rel)
 def test_every_anchor_link_into_a_markdown_page_names_one_of_its_headings(page):
     broken = []
@@ -149,16 +176,25 @@ def test_the_configuration_reference_is_generated_from_the_config_models():
     expected = gen.render()
     actual = (DOCS / "configuration.md").read_text()
     up_to_date = actual == expected
-    diff = "".join(list(difflib.unified_diff(actual.splitlines(True), expected.splitlines(True),
-                                             "docs/configuration.md", "render()", n=1))[:40])
-    assert up_to_date, (f"docs/configuration.md is not what vta_pipeline/config.py generates: "
-                        f"run `{REGENERATE}` and commit the result.\n{diff}")
+    diff = "".join(
+        list(
+            difflib.unified_diff(
+                actual.splitlines(True), expected.splitlines(True), "docs/configuration.md", "render()", n=1
+            )
+        )[:40]
+    )
+    assert up_to_date, (
+        f"docs/configuration.md is not what vta_pipeline/config.py generates: "
+        f"run `{REGENERATE}` and commit the result.\n{diff}"
+    )
 
 
 def test_the_readme_is_at_most_12000_bytes():
     size = len(README.read_bytes())
-    assert size <= README_MAX_BYTES, (f"README.md is {size} bytes (at most {README_MAX_BYTES}): keep it the "
-                                      f"entrance and move detail into docs/ or benchmarks/README.md")
+    assert size <= README_MAX_BYTES, (
+        f"README.md is {size} bytes (at most {README_MAX_BYTES}): keep it the "
+        f"entrance and move detail into docs/ or benchmarks/README.md"
+    )
 
 
 def _readme_setup_commands() -> tuple[str, str]:
@@ -185,7 +221,11 @@ def test_the_readme_test_command_is_the_one_ci_runs():
     commands = [line.strip() for line in ci.splitlines() if line.strip() and not line.lstrip().startswith("#")]
     ci_pytest = [m.group(0).strip() for line in commands if (m := re.search(r"\buv run pytest\b.*$", line))]
     assert ci_pytest, ".ci/run runs no `uv run pytest`"
-    assert test_cmd.endswith("&& " + ci_pytest[-1]), f"README's test command {test_cmd!r} does not end with CI's {ci_pytest[-1]!r}"
+    assert test_cmd.endswith("&& " + ci_pytest[-1]), (
+        f"README's test command {test_cmd!r} does not end with CI's {ci_pytest[-1]!r}"
+    )
     uv_pin = re.search(r"\buv==\S+", ci)
-    assert uv_pin and uv_pin.group(0) in test_cmd.split(), f"README installs the uv that CI pins ({uv_pin and uv_pin.group(0)})"
+    assert uv_pin and uv_pin.group(0) in test_cmd.split(), (
+        f"README installs the uv that CI pins ({uv_pin and uv_pin.group(0)})"
+    )
     assert "uv sync --frozen" in " ".join(commands) and "uv sync --frozen" in test_cmd

@@ -55,8 +55,9 @@ def test_extraction_is_reused_for_the_same_model_and_target(micronet, session_st
 def test_tasks_json_for_torchvision_resnet18(tmp_path):
     from vta_pipeline.cli.main import app
 
-    r = CliRunner().invoke(app, ["tasks", "--source", "torchvision", "--model", "resnet18",
-                                 "--store", str(tmp_path), "--json"])
+    r = CliRunner().invoke(
+        app, ["tasks", "--source", "torchvision", "--model", "resnet18", "--store", str(tmp_path), "--json"]
+    )
     assert r.exit_code == 0, r.output
     tasks = json.loads(r.stdout)
     workloads = {tuple(t["workload"]) for t in tasks if "workload" in t}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -21,9 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from vta_pipeline import steps
 from vta_pipeline.boards import BoardSpec, LocalBoard, count_servers, free_port, health_check
-from vta_pipeline.config import MeasureConfig, ModelConfig, TuneConfig, build_config
+from vta_pipeline.config import MeasureConfig, TuneConfig, build_config
 from vta_pipeline.errors import BoardError
 from vta_pipeline.extract import load_tasks
 from vta_pipeline.store import ArtifactStore
@@ -40,8 +38,14 @@ def _conv(extracted, i=0):
 
 
 def _tune_args(extracted, task, target, board, n=2):
-    return (extracted.path / task.file, task.name, task.flops, task.workload_hash, target.target_json,
-            BoardSpec(board.host, board.port, board.key, n))
+    return (
+        extracted.path / task.file,
+        task.name,
+        task.flops,
+        task.workload_hash,
+        target.target_json,
+        BoardSpec(board.host, board.port, board.key, n),
+    )
 
 
 def _wait_for(pred, timeout=600, what="condition"):
@@ -63,9 +67,17 @@ def test_one_board_dies_mid_tuning_and_the_other_finishes_the_budget(micronet, h
     with LocalBoard(key="f1", num_servers=2) as b:
         out = {}
         budget = 16
-        t = threading.Thread(target=lambda: out.setdefault("r", tune_task(
-            *_tune_args(extracted, task, host_target, b), TuneConfig(trials_per_task=budget, trials_per_batch=4),
-            MeasureConfig(number=2, min_repeat_ms=500, timeout_s=5), work)))
+        t = threading.Thread(
+            target=lambda: out.setdefault(
+                "r",
+                tune_task(
+                    *_tune_args(extracted, task, host_target, b),
+                    TuneConfig(trials_per_task=budget, trials_per_batch=4),
+                    MeasureConfig(number=2, min_repeat_ms=500, timeout_s=5),
+                    work,
+                ),
+            )
+        )
         t.start()
         _wait_for(lambda: len(read_trials(work)) >= 4, what="the first batch")
         # kill the board while it measures a trial: rpc_server forks a process per session. Not
@@ -73,8 +85,10 @@ def test_one_board_dies_mid_tuning_and_the_other_finishes_the_budget(micronet, h
         # starved through the search killed the board there, and no trial saw it die
         server = psutil.Process(b.servers[0].pid)
         idle = len(server.children(recursive=True))
-        _wait_for(lambda: len(server.children(recursive=True)) > idle and len(read_trials(work)) < budget,
-                  what="a session on the first board during the search")
+        _wait_for(
+            lambda: len(server.children(recursive=True)) > idle and len(read_trials(work)) < budget,
+            what="a session on the first board during the search",
+        )
         _kill(b.servers[0])
         t.join(600)
         r = out["r"]
@@ -94,8 +108,12 @@ def test_hung_board_times_out_and_is_not_used_again(micronet, host_target, tmp_p
     with LocalBoard(key="f3", num_servers=2) as b:
         _kill(b.servers[0], signal.SIGSTOP)  # accepts connections, never answers
         try:
-            r = tune_task(*_tune_args(extracted, task, host_target, b), TuneConfig(trials_per_task=8, trials_per_batch=4),
-                          FAST, work)
+            r = tune_task(
+                *_tune_args(extracted, task, host_target, b),
+                TuneConfig(trials_per_task=8, trials_per_batch=4),
+                FAST,
+                work,
+            )
         finally:
             _kill(b.servers[0], signal.SIGCONT)
     errors = [row["error"] for row in read_trials(work) if row["error"]]
@@ -103,8 +121,9 @@ def test_hung_board_times_out_and_is_not_used_again(micronet, host_target, tmp_p
     assert 1 <= len(errors) <= 2 and all("Timeout" in e for e in errors)
 
 
-def test_the_only_board_frozen_mid_tuning_costs_one_timeout_then_every_task_stops_at_once(micronet, host_target,
-                                                                                      tmp_path):
+def test_the_only_board_frozen_mid_tuning_costs_one_timeout_then_every_task_stops_at_once(
+    micronet, host_target, tmp_path
+):
     """A frozen board stays checked out at the tracker, so each later request waited out the
     whole timeout: every task, batch and retry rediscovered it. Now one measurement times out,
     the board gets one more timeout to come back, and then the key's measurements are refused
@@ -119,14 +138,22 @@ def test_the_only_board_frozen_mid_tuning_costs_one_timeout_then_every_task_stop
         try:
             t0 = time.monotonic()
             with pytest.raises(TuningAborted) as first:
-                tune_task(*_tune_args(extracted, tasks[0], host_target, b, 1),
-                          TuneConfig(trials_per_task=8, trials_per_batch=4), FAST, works[0])
+                tune_task(
+                    *_tune_args(extracted, tasks[0], host_target, b, 1),
+                    TuneConfig(trials_per_task=8, trials_per_batch=4),
+                    FAST,
+                    works[0],
+                )
             first_s = time.monotonic() - t0
             t1 = time.monotonic()
             for task, work in zip(tasks, works):  # the retry, then the next task
                 with pytest.raises(TuningAborted) as later:
-                    tune_task(*_tune_args(extracted, task, host_target, b, 1),
-                              TuneConfig(trials_per_task=8, trials_per_batch=4), FAST, work)
+                    tune_task(
+                        *_tune_args(extracted, task, host_target, b, 1),
+                        TuneConfig(trials_per_task=8, trials_per_batch=4),
+                        FAST,
+                        work,
+                    )
                 assert "stopped answering" in str(later.value)
             later_s = time.monotonic() - t1
         finally:
@@ -160,8 +187,19 @@ def test_a_board_frozen_during_the_evaluation_fails_it_within_its_deadline_with_
 
         def evaluate() -> None:
             try:
-                out["ev"] = evaluate_on_board(lib, (x, np.zeros((1, 8, 6, 6), "float32")), "llvm", (b.host, b.port),
-                                              b.key, 1, 20, 1e3, 1e3, min_repeat_ms=500, board_timeout_s=3)
+                out["ev"] = evaluate_on_board(
+                    lib,
+                    (x, np.zeros((1, 8, 6, 6), "float32")),
+                    "llvm",
+                    (b.host, b.port),
+                    b.key,
+                    1,
+                    20,
+                    1e3,
+                    1e3,
+                    min_repeat_ms=500,
+                    board_timeout_s=3,
+                )
             except BaseException as e:  # noqa: BLE001 - asserted below
                 out["error"] = e
 
@@ -224,18 +262,34 @@ def test_a_board_registers_again_by_itself_after_its_tracker_was_gone_for_90_s()
     from vta_pipeline import board_server
 
     with LocalBoard(key="outage", num_servers=1) as b:
-        b._spawn(["tvm.exec.rpc_server", "--tracker", b.tracker, "--key", "plain", "--host", b.host,
-                  "--port", str(free_port()), "--port-end", "65000"], "plain")
+        b._spawn(
+            [
+                "tvm.exec.rpc_server",
+                "--tracker",
+                b.tracker,
+                "--key",
+                "plain",
+                "--host",
+                b.host,
+                "--port",
+                str(free_port()),
+                "--port-end",
+                "65000",
+            ],
+            "plain",
+        )
         _wait_for(lambda: count_servers(b.host, b.port, "plain") == 1, 120, "the plain server to register")
-        tracker_args = ["tvm.exec.rpc_tracker", "--host", b.host, "--port", str(b.port), "--port-end",
-                        str(b.port + 1)]
+        tracker_args = ["tvm.exec.rpc_tracker", "--host", b.host, "--port", str(b.port), "--port-end", str(b.port + 1)]
         _kill(b.procs[0])
         b.procs[0].wait(10)
         time.sleep(90)
         b._spawn(tracker_args, "tracker-again")
         t0 = time.monotonic()
-        _wait_for(lambda: _count_or_zero(b, "outage") == 1,
-                  board_server.UNLISTED_S + 3 * board_server.CHECK_S + 60, "our board to register again")
+        _wait_for(
+            lambda: _count_or_zero(b, "outage") == 1,
+            board_server.UNLISTED_S + 3 * board_server.CHECK_S + 60,
+            "our board to register again",
+        )
         took = time.monotonic() - t0
         assert took < board_server.UNLISTED_S + 3 * board_server.CHECK_S + 30, took
         assert count_servers(b.host, b.port, "plain") == 0  # TVM's own: up, and registered nowhere
@@ -244,8 +298,9 @@ def test_a_board_registers_again_by_itself_after_its_tracker_was_gone_for_90_s()
         assert "replacing the RPC server under key 'outage'" in log and "after an outage" in log
 
 
-def test_tuning_waits_through_a_tracker_restart_and_no_candidate_is_failed_by_it(micronet, host_target, tmp_path,
-                                                                                 caplog):
+def test_tuning_waits_through_a_tracker_restart_and_no_candidate_is_failed_by_it(
+    micronet, host_target, tmp_path, caplog
+):
     """The tracker killed mid-tuning and started again 30 s later on its port: the candidates
     sent meanwhile used to fail (and MetaSchedule never proposes a failed schedule again).
     Now they wait for the tracker and go out once the board is listed again: the task ends
@@ -255,12 +310,15 @@ def test_tuning_waits_through_a_tracker_restart_and_no_candidate_is_failed_by_it
     work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
     out = {}
     with LocalBoard(key="restart", num_servers=1, registry=tmp_path / "registry", log_dir=tmp_path / "logs") as b:
-        tracker_args = ["tvm.exec.rpc_tracker", "--host", b.host, "--port", str(b.port), "--port-end",
-                        str(b.port + 1)]
+        tracker_args = ["tvm.exec.rpc_tracker", "--host", b.host, "--port", str(b.port), "--port-end", str(b.port + 1)]
 
         def tune():
-            out["result"] = tune_task(*_tune_args(extracted, task, host_target, b, 1),
-                                      TuneConfig(trials_per_task=12, trials_per_batch=4), FAST, work)
+            out["result"] = tune_task(
+                *_tune_args(extracted, task, host_target, b, 1),
+                TuneConfig(trials_per_task=12, trials_per_batch=4),
+                FAST,
+                work,
+            )
 
         tuning = threading.Thread(target=tune)
         with caplog.at_level("WARNING", logger="vta_pipeline.pools"):
@@ -311,7 +369,8 @@ def test_a_stopped_board_leaves_no_process_and_no_listening_tracker():
     b.stop()
     assert not any(_group_alive(g) for g in groups)
     assert not port_open(b.host, b.port, 1.0) or _listeners(b.port).isdisjoint(groups), (
-        f"a process of the stopped board still listens on {b.port}")
+        f"a process of the stopped board still listens on {b.port}"
+    )
     with pytest.raises(BoardError, match="no RPC tracker answers"):
         count_servers(b.host, b.port, "gone")
 
@@ -323,8 +382,12 @@ def test_all_failing_measurements_stop_the_task_with_the_messages(micronet, host
     work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
     t0 = time.time()
     with pytest.raises(TuningAborted) as e:
-        tune_task(*_tune_args(extracted, task, host_target, board),
-                  TuneConfig(trials_per_task=64, trials_per_batch=4, builder_timeout_s=0.001), FAST, work)
+        tune_task(
+            *_tune_args(extracted, task, host_target, board),
+            TuneConfig(trials_per_task=64, trials_per_batch=4, builder_timeout_s=0.001),
+            FAST,
+            work,
+        )
     assert "setup is broken" in str(e.value) and "Timeout" in str(e.value) and board.key in str(e.value)
     assert len(read_trials(work)) <= 8  # stopped after the first failures, not after 64 trials
     assert time.time() - t0 < 300
@@ -333,8 +396,9 @@ def test_all_failing_measurements_stop_the_task_with_the_messages(micronet, host
 def test_health_check_catches_a_board_that_cannot_run_the_target(board, host_target):
     assert health_check(board.host, board.port, board.key, host_target.target_json) > 0
     with pytest.raises(BoardError, match="cannot run a trivial kernel"):
-        health_check(board.host, board.port, board.key,
-                     {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "num-cores": 1})
+        health_check(
+            board.host, board.port, board.key, {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "num-cores": 1}
+        )
 
 
 # ---- corrupted records ---------------------------------------------------------------------------
@@ -354,8 +418,7 @@ def test_corrupted_record_lines_are_set_aside_and_valid_records_kept(micronet, h
     assert again.valid == 4 and again.trials_this_run == 0
 
 
-def test_a_trial_log_torn_at_its_last_line_is_repaired_before_the_rerun_appends(micronet, host_target, board,
-                                                                                tmp_path):
+def test_a_trial_log_torn_at_its_last_line_is_repaired_before_the_rerun_appends(micronet, host_target, board, tmp_path):
     """What a power cut or a full disk leaves: the last row cut short. Glued onto, it would
     swallow the rerun's first row; moved aside, every row after it is whole."""
     _, extracted = micronet
@@ -372,7 +435,7 @@ def test_a_trial_log_torn_at_its_last_line_is_repaired_before_the_rerun_appends(
     after = [json.loads(line) for line in lines]  # every line parses
     assert after[:3] == before[:3] and again.trials_this_run >= 1
     assert [r["trial"] for r in after] == list(range(len(after)))  # no index used twice
-    assert (work / "trials.jsonl.torn").read_bytes() == whole[:-40][whole[:-41].rfind(b"\n") + 1:] + b"\n"
+    assert (work / "trials.jsonl.torn").read_bytes() == whole[:-40][whole[:-41].rfind(b"\n") + 1 :] + b"\n"
 
 
 def test_a_whole_last_row_that_lost_only_its_newline_is_kept(tmp_path):
@@ -393,15 +456,22 @@ def _tiny_relax_lib(path: Path) -> Path:
     from tvm.relax.frontend.onnx import from_onnx
 
     onnx_path = path.with_suffix(".onnx")
-    torch.onnx.export(torch.nn.Conv2d(4, 8, 3).eval(), (torch.randn(1, 4, 8, 8),), str(onnx_path),
-                      input_names=["data"], opset_version=17, dynamo=False)
+    torch.onnx.export(
+        torch.nn.Conv2d(4, 8, 3).eval(),
+        (torch.randn(1, 4, 8, 8),),
+        str(onnx_path),
+        input_names=["data"],
+        opset_version=17,
+        dynamo=False,
+    )
     mod = from_onnx(onnx.load(str(onnx_path)), shape_dict={"data": [1, 4, 8, 8]})
     relax.build(mod, tvm.target.Target({"kind": "llvm"})).export_library(str(path))
     return path
 
 
-def test_a_board_whose_timer_reports_zero_is_refused_while_tuning_and_while_evaluating(micronet, host_target,
-                                                                                     tmp_path, monkeypatch):
+def test_a_board_whose_timer_reports_zero_is_refused_while_tuning_and_while_evaluating(
+    micronet, host_target, tmp_path, monkeypatch
+):
     """Its 0 s would win every comparison and divide by zero in the report: every one of its
     measurements is an error that says why, the task stops as a broken setup does, no record
     reaches the database, and the evaluation fails with the same reason."""
@@ -415,27 +485,43 @@ def test_a_board_whose_timer_reports_zero_is_refused_while_tuning_and_while_eval
     work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
     lib = _tiny_relax_lib(tmp_path / "net.so")
     x = np.zeros((1, 4, 8, 8), "float32")
-    with LocalBoard(key="liar", server_module="lying_board", registry=tmp_path / "registry",
-                    log_dir=tmp_path / "logs") as b:
+    with LocalBoard(
+        key="liar", server_module="lying_board", registry=tmp_path / "registry", log_dir=tmp_path / "logs"
+    ) as b:
         with pytest.raises(BoardError, match="timer is broken"):  # the flow's check before tuning
             health_check(b.host, b.port, b.key, host_target.target_json)
         with pytest.raises(TuningAborted) as e:
-            tune_task(*_tune_args(extracted, task, host_target, b, 1),
-                      TuneConfig(trials_per_task=16, trials_per_batch=4), FAST, work)
+            tune_task(
+                *_tune_args(extracted, task, host_target, b, 1),
+                TuneConfig(trials_per_task=16, trials_per_batch=4),
+                FAST,
+                work,
+            )
         assert "timer is broken" in str(e.value) and "'liar'" in str(e.value)
         rows = read_trials(work)
         assert rows and all(r["latency_ms"] is None and "timer is broken" in r["error"] for r in rows)
         records = [json.loads(line)[1] for line in (work / "database_tuning_record.json").read_text().splitlines()]
         assert records and all(min(r[1]) >= 1e9 for r in records)  # MetaSchedule's mark of a failed run, no 0 s
         with pytest.raises(BoardError, match="timer is broken"):
-            evaluate_on_board(lib, (x, np.zeros((1, 8, 6, 6), "float32")), "llvm", (b.host, b.port), b.key, 1, 3,
-                              1e-3, 1e-3, min_repeat_ms=10)
+            evaluate_on_board(
+                lib,
+                (x, np.zeros((1, 8, 6, 6), "float32")),
+                "llvm",
+                (b.host, b.port),
+                b.key,
+                1,
+                3,
+                1e-3,
+                1e-3,
+                min_repeat_ms=10,
+            )
         with pytest.raises(BoardError, match="timer is broken"):
             time_in_turn([lib], x, "llvm", (b.host, b.port), b.key, 2, local=[lambda: 1.0], settle_s=0)
 
 
-def test_a_board_on_another_tvm_or_other_threads_is_refused_before_any_work_naming_the_fix(prefect_harness,
-                                                                                            tmp_path, monkeypatch):
+def test_a_board_on_another_tvm_or_other_threads_is_refused_before_any_work_naming_the_fix(
+    prefect_harness, tmp_path, monkeypatch
+):
     """A rack board left on an older TVM, or started without TVM_NUM_THREADS: its times would
     not be this run's. The run fails before it fetches anything, naming the board, what
     differs and the fix; with board.mismatch warn the same boards are returned to measure on."""
@@ -446,8 +532,13 @@ def test_a_board_on_another_tvm_or_other_threads_is_refused_before_any_work_nami
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
     store = ArtifactStore(tmp_path / "store")
-    with LocalBoard(key="oldtvm", server_module="other_tvm_board", threads=1, registry=tmp_path / "registry",
-                    log_dir=tmp_path / "logs") as b:
+    with LocalBoard(
+        key="oldtvm",
+        server_module="other_tvm_board",
+        threads=1,
+        registry=tmp_path / "registry",
+        log_dir=tmp_path / "logs",
+    ) as b:
         state = tune_network(_cfg(store.root, b.tracker, "oldtvm"), return_state=True)
         assert state.is_failed()
         assert "runs TVM 0.19.0" in state.message and f"install apache-tvm=={tvm.__version__}" in state.message
@@ -462,11 +553,23 @@ def test_a_board_on_another_tvm_or_other_threads_is_refused_before_any_work_nami
 
 # ---- 2. every board dies: retries, a clear failure, and the rerun continues ----------------------
 def _cfg(store, tracker, key, trials=4, batch=2):
-    return build_config(None, {
-        "model.source": "builtin", "model.name": "micronet", "board.tracker": tracker, "board.key": key,
-        "tune.trials_per_task": trials, "tune.trials_per_batch": batch, "tune.task_filter": "conv2d",
-        "measure.number": 2, "measure.timeout_s": 5, "evaluate.repeat": 3, "store": str(store), "opt": "O0",
-    }).model_dump(mode="json")
+    return build_config(
+        None,
+        {
+            "model.source": "builtin",
+            "model.name": "micronet",
+            "board.tracker": tracker,
+            "board.key": key,
+            "tune.trials_per_task": trials,
+            "tune.trials_per_batch": batch,
+            "tune.task_filter": "conv2d",
+            "measure.number": 2,
+            "measure.timeout_s": 5,
+            "evaluate.repeat": 3,
+            "store": str(store),
+            "opt": "O0",
+        },
+    ).model_dump(mode="json")
 
 
 def _all_trials(store: ArtifactStore):
@@ -515,10 +618,34 @@ def test_all_boards_die_then_the_flow_fails_clearly_and_the_rerun_continues(pref
 
 # ---- 4. the flow process is killed mid-tuning ----------------------------------------------------
 def _cli(store, tracker, key, trials=4, batch=2):
-    return [sys.executable, "-m", "vta_pipeline.cli", "run", "--model", "micronet", "--source", "builtin",
-            "--tracker", tracker, "--key", key, "--trials-per-task", str(trials), "--trials-per-batch", str(batch),
-            "--task-filter", "conv2d", "--number", "2", "--timeout", "10", "--eval-repeat", "3",
-            "--store", str(store)]
+    return [
+        sys.executable,
+        "-m",
+        "vta_pipeline.cli",
+        "run",
+        "--model",
+        "micronet",
+        "--source",
+        "builtin",
+        "--tracker",
+        tracker,
+        "--key",
+        key,
+        "--trials-per-task",
+        str(trials),
+        "--trials-per-batch",
+        str(batch),
+        "--task-filter",
+        "conv2d",
+        "--number",
+        "2",
+        "--timeout",
+        "10",
+        "--eval-repeat",
+        "3",
+        "--store",
+        str(store),
+    ]
 
 
 def _flow_run_states(prefect_home: Path, run_ids: list[str]) -> dict[str, dict]:
@@ -538,8 +665,13 @@ def _flow_run_states(prefect_home: Path, run_ids: list[str]) -> dict[str, dict]:
         print(json.dumps(out))
         """)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    done = subprocess.run([sys.executable, "-c", script, *run_ids], env=dict(env, PREFECT_HOME=str(prefect_home)),
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", script, *run_ids],
+        env=dict(env, PREFECT_HOME=str(prefect_home)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -549,8 +681,9 @@ def test_sigkill_of_a_run_leaves_no_process_then_the_rerun_resumes_and_marks_it_
     temporary server go with it, the killed run is shown Crashed at once (its keeper), with no
     task run left Running, and the rerun resumes from the records."""
     store = ArtifactStore(tmp_path / "store")
-    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"),
-               VTA_PIPELINE_BOARD_REGISTRY=str(tmp_path / "registry"))
+    env = dict(
+        os.environ, PREFECT_HOME=str(tmp_path / "prefect"), VTA_PIPELINE_BOARD_REGISTRY=str(tmp_path / "registry")
+    )
     cmd = [c for c in _cli(store.root, "-", "f4") if c not in ("--tracker", "-")]  # its own local board
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -576,7 +709,7 @@ def test_sigkill_of_a_run_leaves_no_process_then_the_rerun_resumes_and_marks_it_
         assert [r["trial"] for r in rows] == list(range(len(rows)))
         assert len({r["schedule_hash"] for r in rows}) == len(rows) == 4
         kept = before.get(k, [])
-        assert [r["schedule_hash"] for r in rows[:len(kept)]] == kept  # what was recorded stays, not redone
+        assert [r["schedule_hash"] for r in rows[: len(kept)]] == kept  # what was recorded stays, not redone
     rerun = [e["flow_run_id"] for e in store.events() if e["event"] == "run_started"][-1]
     states = _flow_run_states(tmp_path / "prefect", [killed, rerun])
     assert states[killed]["state"] == "CRASHED" and "died" in states[killed]["message"]
@@ -611,8 +744,9 @@ def test_a_run_killed_with_its_keeper_is_marked_crashed_by_the_next_run_on_the_s
 
         night()
         """)
-    done = subprocess.run([sys.executable, "-c", script], env=prefect_server.env(), capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=prefect_server.env(), capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
     (run_id,) = [e["flow_run_id"] for e in store.events() if e["event"] == "run_started"]
     with prefect_server.settings():
@@ -631,7 +765,8 @@ def _wait_for_gone(pids: list[int], what: str, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while alive := [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]:
         assert time.monotonic() < deadline, f"{what} are still running: " + ", ".join(
-            " ".join(psutil.Process(p).cmdline()[1:6]) for p in alive if psutil.pid_exists(p))
+            " ".join(psutil.Process(p).cmdline()[1:6]) for p in alive if psutil.pid_exists(p)
+        )
         time.sleep(0.2)
 
 
@@ -656,11 +791,13 @@ def test_ctrl_c_stops_a_run_at_once_with_one_message_and_no_process_left(tmp_pat
     with it; the rerun resumes with nothing measured twice. (On the way: every socket the run
     listens on is loopback.)"""
     store = ArtifactStore(tmp_path / "store")
-    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"),
-               VTA_PIPELINE_BOARD_REGISTRY=str(tmp_path / "registry"))
+    env = dict(
+        os.environ, PREFECT_HOME=str(tmp_path / "prefect"), VTA_PIPELINE_BOARD_REGISTRY=str(tmp_path / "registry")
+    )
     cmd = [c for c in _cli(store.root, "-", "f9") if c not in ("--tracker", "-")]  # its own local board
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # a process group of its own, as a terminal's job
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )  # a process group of its own, as a terminal's job
     try:
         _wait_for(lambda: any(len(v) >= 2 for v in _all_trials(store).values()), what="a measured batch")
         children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
@@ -692,7 +829,7 @@ def test_ctrl_c_stops_a_run_at_once_with_one_message_and_no_process_left(tmp_pat
     for k, rows in _all_trials(store).items():
         assert [r["trial"] for r in rows] == list(range(len(rows)))
         assert len({r["schedule_hash"] for r in rows}) == len(rows) == 4
-        assert [r["schedule_hash"] for r in rows[:len(kept.get(k, []))]] == kept.get(k, [])
+        assert [r["schedule_hash"] for r in rows[: len(kept.get(k, []))]] == kept.get(k, [])
 
 
 # ---- 8. two runs on one store at once ------------------------------------------------------------
@@ -700,9 +837,13 @@ def test_two_runs_on_one_store_at_once_compute_each_step_once(tmp_path):
     store = ArtifactStore(tmp_path / "store")
     with LocalBoard(key="f8", num_servers=2) as b:
         procs = [
-            subprocess.Popen(_cli(store.root, b.tracker, "f8", batch=4),
-                             env=dict(os.environ, PREFECT_HOME=str(tmp_path / f"prefect{i}")),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            subprocess.Popen(
+                _cli(store.root, b.tracker, "f8", batch=4),
+                env=dict(os.environ, PREFECT_HOME=str(tmp_path / f"prefect{i}")),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
             for i in range(2)
         ]
         outs = [p.communicate(timeout=1200)[0] for p in procs]

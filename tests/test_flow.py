@@ -1,6 +1,5 @@
 """The Prefect flow end to end on a real local tracker with two rpc servers."""
 
-import json
 import os
 import platform
 import signal
@@ -20,13 +19,23 @@ pytestmark = pytest.mark.slow
 
 
 def _cfg(store, tracker, key, trials=4, seed=0):
-    return build_config(None, {
-        "model.source": "builtin", "model.name": "micronet", "model.seed": seed,
-        "board.tracker": tracker, "board.key": key, "tune.trials_per_task": trials,
-        "tune.trials_per_batch": 4, "tune.task_filter": "conv2d", "measure.number": 2,
-        "evaluate.repeat": 3, "store": str(store),
-        "opt": "O0",  # what is under test is the DAG, not the layout: plain NCHW, every trial measured
-    }).model_dump(mode="json")
+    return build_config(
+        None,
+        {
+            "model.source": "builtin",
+            "model.name": "micronet",
+            "model.seed": seed,
+            "board.tracker": tracker,
+            "board.key": key,
+            "tune.trials_per_task": trials,
+            "tune.trials_per_batch": 4,
+            "tune.task_filter": "conv2d",
+            "measure.number": 2,
+            "evaluate.repeat": 3,
+            "store": str(store),
+            "opt": "O0",  # what is under test is the DAG, not the layout: plain NCHW, every trial measured
+        },
+    ).model_dump(mode="json")
 
 
 def _task_runs(flow_run_id):
@@ -134,10 +143,34 @@ def test_board_lost_before_upload_then_rerun_resumes_at_evaluate(tmp_path):
     store = ArtifactStore(tmp_path / "store")
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), VTA_PIPELINE_BOARD_RETRIES="0")
     with LocalBoard(key="flaky", num_servers=2) as b:
-        cmd = [sys.executable, "-m", "vta_pipeline.cli", "run", "--model", "micronet", "--source", "builtin",
-               "--tracker", b.tracker, "--key", "flaky", "--trials-per-task", "4", "--trials-per-batch", "4",
-               "--task-filter", "conv2d", "--number", "2", "--eval-repeat", "3", "--store", str(store.root),
-               "--opt", "O0"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "vta_pipeline.cli",
+            "run",
+            "--model",
+            "micronet",
+            "--source",
+            "builtin",
+            "--tracker",
+            b.tracker,
+            "--key",
+            "flaky",
+            "--trials-per-task",
+            "4",
+            "--trials-per-batch",
+            "4",
+            "--task-filter",
+            "conv2d",
+            "--number",
+            "2",
+            "--eval-repeat",
+            "3",
+            "--store",
+            str(store.root),
+            "--opt",
+            "O0",
+        ]
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.time() + 900
         while not any(e["event"] == "computed" and e["step"] == "pick_best" for e in store.events()):
@@ -167,8 +200,9 @@ def test_board_lost_before_upload_then_rerun_resumes_at_evaluate(tmp_path):
         assert "speed-up" in done.stdout
 
 
-def test_a_run_with_no_layout_flag_blocks_every_conv_and_says_whether_it_beat_onnx_runtime(prefect_harness, board,
-                                                                                            tmp_path):
+def test_a_run_with_no_layout_flag_blocks_every_conv_and_says_whether_it_beat_onnx_runtime(
+    prefect_harness, board, tmp_path
+):
     """The default preset (O2) on a CPU target: the cpu-layout step blocks micronet's convs
     (its 16-channel 3x3 as Winograd), every task is tuned, and the result holds ONNX Runtime
     fp32 timed in turn with the tuned build on the board's cores (a loopback tracker)."""

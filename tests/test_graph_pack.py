@@ -28,9 +28,11 @@ def test_vta_config_defaults_and_file(tmp_path):
     assert (c.BATCH, c.BLOCK_IN, c.BLOCK_OUT, c.INP_WIDTH, c.WGT_WIDTH, c.ACC_WIDTH) == (1, 16, 16, 8, 8, 32)
     assert (c.UOP_BUFF_SIZE, c.INP_BUFF_SIZE, c.WGT_BUFF_SIZE, c.ACC_BUFF_SIZE) == (2**15, 2**15, 2**18, 2**17)
     f = tmp_path / "vta_config.json"
-    f.write_text('{"TARGET": "sim", "HW_VER": "0.0.2", "LOG_INP_WIDTH": 3, "LOG_WGT_WIDTH": 3, "LOG_ACC_WIDTH": 5,'
-                 ' "LOG_BATCH": 0, "LOG_BLOCK": 5, "LOG_UOP_BUFF_SIZE": 15, "LOG_INP_BUFF_SIZE": 15,'
-                 ' "LOG_WGT_BUFF_SIZE": 18, "LOG_ACC_BUFF_SIZE": 17}')
+    f.write_text(
+        '{"TARGET": "sim", "HW_VER": "0.0.2", "LOG_INP_WIDTH": 3, "LOG_WGT_WIDTH": 3, "LOG_ACC_WIDTH": 5,'
+        ' "LOG_BATCH": 0, "LOG_BLOCK": 5, "LOG_UOP_BUFF_SIZE": 15, "LOG_INP_BUFF_SIZE": 15,'
+        ' "LOG_WGT_BUFF_SIZE": 18, "LOG_ACC_BUFF_SIZE": 17}'
+    )
     assert VTAConfig.load(f).BLOCK_OUT == 32 and VTAConfig.load(f).TARGET == "sim"
     f.write_text('{"LOG_BLOK": 4}')
     with pytest.raises(ConfigError, match="LOG_BLOK"):
@@ -64,10 +66,12 @@ def test_packed_layouts_are_vtas(blocks):
 
 def test_start_and_stop_indices_pick_the_kth_occurrence(blocks):
     mod, _, x = blocks
-    first, r1 = graph_pack(mod, PackParams(start_name="nn.relu", start_name_idx=0, stop_name="nn.relu",
-                                           stop_name_idx=3))
-    later, r2 = graph_pack(mod, PackParams(start_name="nn.relu", start_name_idx=1, stop_name="nn.relu",
-                                           stop_name_idx=3))
+    first, r1 = graph_pack(
+        mod, PackParams(start_name="nn.relu", start_name_idx=0, stop_name="nn.relu", stop_name_idx=3)
+    )
+    later, r2 = graph_pack(
+        mod, PackParams(start_name="nn.relu", start_name_idx=1, stop_name="nn.relu", stop_name_idx=3)
+    )
     assert "nn.relu[0]" in r1.start and "nn.relu[1]" in r2.start and "nn.relu[3]" in r1.stop
     assert len(r1.packed_ops) > len(r2.packed_ops) > 0
     np.testing.assert_allclose(build_run(later, x), build_run(mod, x), rtol=1e-4, atol=1e-4)
@@ -109,8 +113,9 @@ def test_the_start_operators_bias_activation_and_requantize_stay_unpacked_with_i
     from vta_pipeline.relax_pipeline import lower_for_tuning
 
     _, q, x = blocks
-    packed, rep = graph_pack(q, PackParams(start_name="nn.conv2d", start_name_idx=1, stop_name="nn.relu",
-                                           stop_name_idx=4, layout=layout))
+    packed, rep = graph_pack(
+        q, PackParams(start_name="nn.conv2d", start_name_idx=1, stop_name="nn.relu", stop_name_idx=4, layout=layout)
+    )
     assert rep.start.startswith("#13 nn.conv2d[1]")
     first_pack = next(o for o in op_sequence(packed) if o.name == "permute_dims")
     assert dtype_of(first_pack.call.args[0]) == "int8"
@@ -159,8 +164,11 @@ def narrow():
 
 def test_channels_the_block_does_not_divide_are_refused_with_the_fix_named(narrow):
     mod, _, _ = narrow
-    with pytest.raises(PackError, match=r"cannot pack #\d+ nn.conv2d\[1\] .*cfactor=16 \(cfactor=8 divides them: "
-                                        r"--cfactor 8; or pad them to the block: --pad-channels"):
+    with pytest.raises(
+        PackError,
+        match=r"cannot pack #\d+ nn.conv2d\[1\] .*cfactor=16 \(cfactor=8 divides them: "
+        r"--cfactor 8; or pad them to the block: --pad-channels",
+    ):
         graph_pack(mod, STOP)
 
 
@@ -172,10 +180,17 @@ def test_padded_channels_pack_in_blocks_of_16_and_change_no_value(narrow, layout
     assert np.array_equal(build_run(packed, x), emulate.run(q, [x])[0])
     convs = [o for o in op_sequence(packed) if o.name == "nn.conv2d" and str(o.call.attrs.data_layout) != "NCHW"]
     weights = {(int(c.call.attrs.groups), c.call.args[1].value.numpy().shape[:2]) for c in convs}
-    assert weights == {(1, (2, 4 if layout == "x86" else 1)), (1, (3, 8 if layout == "x86" else 2)),
-                       (48, (3, 1)), (1, (2, 12 if layout == "x86" else 3))}, weights
-    assert all(o.out_shape[1] % 16 == 0 for o in op_sequence(packed) if o.name == "nn.conv2d"
-               and str(o.call.attrs.data_layout) == "NCHW")  # no unpacked conv took a padded input
+    assert weights == {
+        (1, (2, 4 if layout == "x86" else 1)),
+        (1, (3, 8 if layout == "x86" else 2)),
+        (48, (3, 1)),
+        (1, (2, 12 if layout == "x86" else 3)),
+    }, weights
+    assert all(
+        o.out_shape[1] % 16 == 0
+        for o in op_sequence(packed)
+        if o.name == "nn.conv2d" and str(o.call.attrs.data_layout) == "NCHW"
+    )  # no unpacked conv took a padded input
     assert [o.name for o in op_sequence(packed)].count("nn.pad") == 0  # the stem's 16 channels need none
     assert "strided_slice" in [o.name for o in op_sequence(packed)]  # the 24-channel output, unpadded
 
@@ -251,7 +266,10 @@ def test_a_packed_int8_stem_reads_the_image_as_one_block_of_4_channels_and_chang
     assert all(str(c.call.attrs.data_layout) != "NCHW" for c in convs)  # no conv left unpacked
     stem = convs[0].call
     assert (str(stem.attrs.data_layout), str(stem.attrs.kernel_layout), str(stem.attrs.out_layout)) == (
-        "NCHW1n4c", "OIHW16o4i", "NCHW1n16c")
+        "NCHW1n4c",
+        "OIHW16o4i",
+        "NCHW1n16c",
+    )
     w = stem.args[1].value.numpy()
     assert w.shape == (1, 1, 3, 3, 16, 4) and w.dtype == np.int8 and not w[..., 3].any()  # the 4th channel: zeros
     assert convs[0].in_shapes[0] == (1, 1, 16, 16, 1, 4)
@@ -274,7 +292,8 @@ def test_a_stem_that_cannot_pack_is_refused_with_the_reason(blocks, int8_stem):
     with pytest.raises(PackError, match=r"stem #\d+ nn.max_pool2d\[0\].*not a conv2d.*--pack-start nn.conv2d"):
         graph_pack(mod, PackParams(stem=True, stop_name="nn.relu", stop_name_idx=4))
     with pytest.raises(PackError, match=r"stem #\d+ nn.conv2d\[1\].*16 channels, which pack in the block"):
-        graph_pack(mod, PackParams(stem=True, start_name="nn.conv2d", start_name_idx=1, stop_name="nn.relu",
-                                   stop_name_idx=4))
+        graph_pack(
+            mod, PackParams(stem=True, start_name="nn.conv2d", start_name_idx=1, stop_name="nn.relu", stop_name_idx=4)
+        )
     with pytest.raises(PackError, match=r"int8 stem packs for the CPU's dot product.*--pack-layout x86"):
         graph_pack(q, PackParams(stem=True, **FROM_THE_STEM))

@@ -10,11 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from vta_pipeline import guard, history, steps, variant
+from vta_pipeline.boards import BoardSpec
 from vta_pipeline.config import GuardConfig, MeasureConfig, ModelConfig, PipelineConfig, TuneConfig
 from vta_pipeline.extract import load_tasks
 from vta_pipeline.hashing import sha256_file
 from vta_pipeline.store import ArtifactStore
-from vta_pipeline.boards import BoardSpec
 from vta_pipeline.trial_log import read_trials
 
 MEASURE = MeasureConfig(number=2, repeat=1, timeout_s=60)
@@ -25,8 +25,16 @@ def _run(run_id, night, store, tune_art, tuned_ms=1.0, untuned_ms=4.0, build_id=
     tasks = [json.loads((tune_art.path / "summary.json").read_text())] if tune_art else []
     ev = {"mean_ms": tuned_ms, "median_ms": tuned_ms, "std_ms": 0.01, "correct": correct, "max_abs_err": 0.0}
     return {
-        "run_id": run_id, "night": night, "model": "micronet", "target": "host", "target_id": "t",
-        "board_key": "test", "seconds": 10.0, "finished": 1.7e9, "tasks": tasks, "config": config or {},
+        "run_id": run_id,
+        "night": night,
+        "model": "micronet",
+        "target": "host",
+        "target_id": "t",
+        "board_key": "test",
+        "seconds": 10.0,
+        "finished": 1.7e9,
+        "tasks": tasks,
+        "config": config or {},
         "untuned": dict(ev, mean_ms=untuned_ms, evaluation_id=f"{run_id}-u", build_id=f"{build_id}-untuned"),
         "tuned": dict(ev, evaluation_id=f"{run_id}-t", build_id=build_id),
     }
@@ -108,7 +116,10 @@ def test_history_answers_best_per_night_trend_and_best_per_workload(tmp_path, tw
     assert [(r["night"], r["best_ms"], r["runs"]) for r in nights] == [("2026-11-19", 2.0, 1), ("2026-11-20", 1.2, 2)]
     trend = history.trend(root, "micronet")
     assert [(r["night"], r["tuned_ms"]) for r in trend] == [
-        ("2026-11-19", 2.0), ("2026-11-20", 1.2), ("2026-11-21", None)]
+        ("2026-11-19", 2.0),
+        ("2026-11-20", 1.2),
+        ("2026-11-21", None),
+    ]
     assert trend[1]["speedup"] == pytest.approx(8.0 / 1.2)
     (best,) = history.best_per_workload(root)
     all_ms = [r["latency_ms"] for a in (n1, n2) for r in read_trials(a.path)]
@@ -138,8 +149,9 @@ def two_builds(tmp_path_factory, host_target):
     return store, fetched, built
 
 
-def _guarded(tmp_path, two_builds, board, host_target, tonight, best, best_ms, tonight_ms, rounds=5,
-             key=None, collected=()):
+def _guarded(
+    tmp_path, two_builds, board, host_target, tonight, best, best_ms, tonight_ms, rounds=5, key=None, collected=()
+):
     """The guard's verdict on a night whose tuned build is `tonight`, in a fresh store whose
     history has one earlier night whose build is `best`, recorded at `best_ms` (the history's
     number, not the board's). The builds in `collected` were garbage-collected from it."""
@@ -147,14 +159,22 @@ def _guarded(tmp_path, two_builds, board, host_target, tonight, best, best_ms, t
     store = ArtifactStore(tmp_path / "store")
     for name in set(built) - set(collected):
         shutil.copytree(built[name].path, store.root / "steps" / "build" / built[name].id)
-    history.record_run(store.root, _run("best", "2026-11-19", None, None, tuned_ms=best_ms, build_id=built[best].id), [])
+    history.record_run(
+        store.root, _run("best", "2026-11-19", None, None, tuned_ms=best_ms, build_id=built[best].id), []
+    )
     tonight_run = _run("tonight", "2026-11-20", None, None, tuned_ms=tonight_ms, build_id=built[tonight].id)
-    return steps.regression_verdict(store, dict(tonight_run, board_key=board.key), GuardConfig(confirm_rounds=rounds),
-                                    host_target, (board.host, board.port), key or board.key, fetched)
+    return steps.regression_verdict(
+        store,
+        dict(tonight_run, board_key=board.key),
+        GuardConfig(confirm_rounds=rounds),
+        host_target,
+        (board.host, board.port),
+        key or board.key,
+        fetched,
+    )
 
 
-def test_a_regression_is_confirmed_by_timing_both_builds_in_turn_on_the_board(
-        tmp_path, two_builds, board, host_target):
+def test_a_regression_is_confirmed_by_timing_both_builds_in_turn_on_the_board(tmp_path, two_builds, board, host_target):
     """tinynet's build is the slower one: the history says so, and so does the board in turn."""
     verdict = _guarded(tmp_path, two_builds, board, host_target, "tinynet", "micronet", 1.0, 3.0)
     assert verdict.regressed and verdict.worse_pct == pytest.approx(200.0)
@@ -165,7 +185,8 @@ def test_a_regression_is_confirmed_by_timing_both_builds_in_turn_on_the_board(
 
 
 def test_a_night_the_evaluations_call_regressed_but_that_times_even_in_turn_is_not_a_regression(
-        tmp_path, two_builds, board, host_target):
+    tmp_path, two_builds, board, host_target
+):
     """The history recorded the best night at half tonight's time (a fast minute); the same
     build timed in turn with itself is even, so tonight's build becomes current."""
     verdict = _guarded(tmp_path, two_builds, board, host_target, "micronet", "micronet", 1.0, 2.0)
@@ -175,15 +196,18 @@ def test_a_night_the_evaluations_call_regressed_but_that_times_even_in_turn_is_n
 
 
 def test_without_the_best_build_or_a_board_the_evaluations_verdict_stands_and_says_why(
-        tmp_path, two_builds, board, host_target):
-    no_board = _guarded(tmp_path / "a", two_builds, board, host_target, "micronet", "tinynet", 1.0, 2.0,
-                        key="nosuchboard")
+    tmp_path, two_builds, board, host_target
+):
+    no_board = _guarded(
+        tmp_path / "a", two_builds, board, host_target, "micronet", "tinynet", 1.0, 2.0, key="nosuchboard"
+    )
     assert no_board.regressed and no_board.in_turn is None
     assert "'nosuchboard'" in no_board.in_turn_error and "not confirmed in turn" in no_board.message
     off = _guarded(tmp_path / "b", two_builds, board, host_target, "micronet", "tinynet", 1.0, 2.0, rounds=0)
     assert off.regressed and off.in_turn is None and off.in_turn_error is None
-    gone = _guarded(tmp_path / "c", two_builds, board, host_target, "micronet", "tinynet", 1.0, 2.0,
-                    collected=["tinynet"])
+    gone = _guarded(
+        tmp_path / "c", two_builds, board, host_target, "micronet", "tinynet", 1.0, 2.0, collected=["tinynet"]
+    )
     assert gone.regressed and gone.in_turn is None
     assert "the build of 2026-11-19" in gone.in_turn_error and "no longer in the store" in gone.in_turn_error
 
@@ -195,13 +219,19 @@ def test_a_variant_is_what_changes_the_built_network_not_how_long_it_was_tuned()
     fp32 = PipelineConfig().model_dump(mode="json")
     int8 = INT8_X86.model_dump(mode="json")
     assert variant.of(fp32).startswith("fp32-blocked-winograd.") and variant.of(int8).startswith("int8-x86-c16.")
-    longer = PipelineConfig(tune={"trials_per_task": 512}, quantize={"enabled": True, "calibrate_mode": "max"},
-                            pack={"enabled": True, "layout": "x86", "cfactor": 16})
+    longer = PipelineConfig(
+        tune={"trials_per_task": 512},
+        quantize={"enabled": True, "calibrate_mode": "max"},
+        pack={"enabled": True, "layout": "x86", "cfactor": 16},
+    )
     assert variant.of(longer.model_dump(mode="json")) == variant.of(int8)  # budget, calibration: same variant
-    for other in (PipelineConfig(quantize={"enabled": True, "skip_conv_layers": ()},
-                                 pack={"enabled": True, "layout": "x86", "cfactor": 16}),
-                  PipelineConfig(quantize={"enabled": True}, pack={"enabled": True, "layout": "x86", "cfactor": 8}),
-                  PipelineConfig(model={"input_shape": (1, 3, 112, 112)})):
+    for other in (
+        PipelineConfig(
+            quantize={"enabled": True, "skip_conv_layers": ()}, pack={"enabled": True, "layout": "x86", "cfactor": 16}
+        ),
+        PipelineConfig(quantize={"enabled": True}, pack={"enabled": True, "layout": "x86", "cfactor": 8}),
+        PipelineConfig(model={"input_shape": (1, 3, 112, 112)}),
+    ):
         assert variant.of(other.model_dump(mode="json")) not in (variant.of(fp32), variant.of(int8))
 
 
@@ -271,7 +301,9 @@ def test_a_zero_byte_or_torn_history_part_is_quarantined_with_a_warning_and_the_
     schema = history.EVALUATION_SCHEMA
     for run, night in (("r1", "2026-11-29"), ("r2", "2026-11-30")):
         row = {"run_id": run, "night": night, "evaluation_id": run}
-        history._append(tmp_path, history.EVALUATIONS, schema, "evaluation_id", [{f.name: row.get(f.name) for f in schema}])
+        history._append(
+            tmp_path, history.EVALUATIONS, schema, "evaluation_id", [{f.name: row.get(f.name) for f in schema}]
+        )
     base = history.history_dir(tmp_path) / history.EVALUATIONS
     empty = base / "night=2026-11-30" / "part-0-empty-0.parquet"
     empty.write_bytes(b"")
@@ -294,8 +326,15 @@ def test_a_torn_current_library_is_copied_again_and_a_torn_current_record_reads_
     store = ArtifactStore(tmp_path / "store")
     art = store.produce("build", "k", lambda out: (out / "model.so").write_bytes(b"\x7fELF" + bytes(range(256)) * 64))
     night = dict(_run("n1", "2026-11-20", None, None, build_id=art.id))
-    keep = guard.Verdict(regressed=False, tonight_ms=1.0, best_ms=None, best_night=None, best_build_id=None,
-                         worse_pct=None, max_regression_pct=10.0)
+    keep = guard.Verdict(
+        regressed=False,
+        tonight_ms=1.0,
+        best_ms=None,
+        best_night=None,
+        best_build_id=None,
+        worse_pct=None,
+        max_regression_pct=10.0,
+    )
     cur = guard.promote(store, night, keep)
     lib = Path(cur["lib"])
     assert cur["lib_sha256"] == sha256_file(art.file("model.so"))

@@ -45,14 +45,23 @@ def _tiny_onnx(path, shape=(1, 3, 8, 8), external=False, poison=None):
         helper.make_node("GlobalAveragePool", ["r"], ["out"]),
     ]
     graph = helper.make_graph(
-        nodes, "tiny", [helper.make_tensor_value_info("data", TensorProto.FLOAT, list(shape))],
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [shape[0], 8, 1, 1])], [w, b],
+        nodes,
+        "tiny",
+        [helper.make_tensor_value_info("data", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [shape[0], 8, 1, 1])],
+        [w, b],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     if external:
-        onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                  location=path.name + ".data", size_threshold=0)
+        onnx.save(
+            model,
+            str(path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=path.name + ".data",
+            size_threshold=0,
+        )
     else:
         onnx.save(model, str(path))
     return path
@@ -134,9 +143,7 @@ def test_unknown_models_list_close_matches(cfg, needle):
 
 @pytest.mark.slow
 def test_gluon_model_zoo_through_onnx(store):
-    fetched = steps.fetch_step(
-        store, ModelConfig(source="gluon", name="resnet18_v1", input_shape=(1, 3, 32, 32))
-    )
+    fetched = steps.fetch_step(store, ModelConfig(source="gluon", name="resnet18_v1", input_shape=(1, 3, 32, 32)))
     assert fetched.meta["output_shape"] == [1, 1000]
     assert (fetched.path / "model.onnx").stat().st_size > 1e6
     manifest = json.loads((fetched.path / "manifest.json").read_text())

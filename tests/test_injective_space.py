@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from int8_nets import Blocks, randomize, to_relax
-
 import tvm
+from int8_nets import Blocks, randomize, to_relax
 from tvm import relax
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import codegen
 
 from vta_pipeline import emulate, int8_dot, intrin_registry, spaces, tuning
-from vta_pipeline.spaces import injective as injective_space
 from vta_pipeline.boards import BoardSpec
 from vta_pipeline.build import LIB, build_network
 from vta_pipeline.config import MeasureConfig, TuneConfig
@@ -24,12 +22,14 @@ from vta_pipeline.extract import load_tasks
 from vta_pipeline.passes.graph_pack import PackParams, graph_pack
 from vta_pipeline.passes.quantize import QuantizeParams, quantize
 from vta_pipeline.relax_pipeline import lower_for_tuning
-from vta_pipeline.trial_log import read_state, task_work_dir
 from vta_pipeline.spaces import design_space
+from vta_pipeline.spaces import injective as injective_space
+from vta_pipeline.trial_log import read_state, task_work_dir
 
 HERE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # AVX2 (what CI runs)
-host_has_avx2 = bool(codegen.target_has_features(
-    ["avx2"], tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})))
+host_has_avx2 = bool(
+    codegen.target_has_features(["avx2"], tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()}))
+)
 QUANTIZE_INPUT = "multiply_tir_round"  # the image's quantize, fused with the stem's pad and transpose
 
 
@@ -41,8 +41,9 @@ def int8_stem_network():
     int8_dot.register()
     x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype("float32")
     q, _ = quantize(to_relax(randomize(Blocks(), 0), x), QuantizeParams(skip_conv_layers=()))
-    packed, _ = graph_pack(q, PackParams(layout="x86", stem=True, start_name="nn.conv2d", stop_name="nn.relu",
-                                         stop_name_idx=4))
+    packed, _ = graph_pack(
+        q, PackParams(layout="x86", stem=True, start_name="nn.conv2d", stop_name="nn.relu", stop_name_idx=4)
+    )
     return q, lower_for_tuning(packed), x
 
 
@@ -73,8 +74,13 @@ def test_each_point_is_one_nest_in_the_outputs_order_parallel_outside(int8_stem_
     _, lowered, _ = int8_stem_network
     task = next(t for t in _injective(lowered) if QUANTIZE_INPUT in t.task_name and "transpose" in t.task_name)
     wl = task.dispatched[0]
-    ctx = ms.TuneContext(mod=wl, target=tvm.target.Target(HERE), space_generator=design_space(
-        tvm.target.Target(HERE), wl), task_name="t", rand_state=1)
+    ctx = ms.TuneContext(
+        mod=wl,
+        target=tvm.target.Target(HERE),
+        space_generator=design_space(tvm.target.Target(HERE), wl),
+        task_name="t",
+        rand_state=1,
+    )
     spaces = ctx.generate_design_space()
     # flat + (depth 0, 1, 2) x (vectorize, unroll, plain) where they exist: the output
     # [1, 1, 16, 16, 1, 4] has three loops longer than 1
@@ -97,8 +103,11 @@ def test_a_loop_too_long_is_split_into_vectors_and_never_unrolled():
     assert injective_space.applies(wl, tvm.target.Target(HERE))
     bodies = [s.mod.script() for s in injective_space.design_spaces(Schedule(wl))]
     assert not any("T.unroll(T.int64(200))" in b for b in bodies)
-    assert any(f"T.vectorized({injective_space.VECTOR_LANES})" in b
-               or f"T.vectorized(T.int64({injective_space.VECTOR_LANES}))" in b for b in bodies)
+    assert any(
+        f"T.vectorized({injective_space.VECTOR_LANES})" in b
+        or f"T.vectorized(T.int64({injective_space.VECTOR_LANES}))" in b
+        for b in bodies
+    )
 
 
 @pytest.mark.skipif(not host_has_avx2, reason="this CPU has no AVX2: the tensorized module cannot run here")
@@ -116,8 +125,9 @@ def test_a_build_from_every_point_is_bit_identical_to_the_emulation(int8_stem_ne
         db = ms.database.JSONDatabase(work_dir=str(db_dir))
         for t in tasks:  # each injective function built from its point-th space (its last where fewer)
             sch = spaces[t.task_name][min(point, len(spaces[t.task_name]) - 1)]
-            db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(t.dispatched[0]),
-                                                             [1e-3], target))
+            db.commit_tuning_record(
+                ms.database.TuningRecord(sch.trace, db.commit_workload(t.dispatched[0]), [1e-3], target)
+            )
         build_network(tmp_path / "extract", HERE, out, best_db_dir=db_dir)
         vm = relax.VirtualMachine(tvm.runtime.load_module(str(out / LIB)), tvm.cpu())
         assert np.array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), y_emu), f"point {point}"
@@ -129,9 +139,17 @@ def test_a_task_that_exhausted_an_older_space_searches_this_one(micronet, board,
     _, extracted = micronet
     task = next(t for t in load_tasks(extracted.path) if t.name.startswith("reshape"))
     work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
-    args = (extracted.path / task.file, task.name, task.flops, task.workload_hash, host_target.target_json,
-            BoardSpec(board.host, board.port, board.key, 1), TuneConfig(trials_per_task=8, trials_per_batch=8),
-            MeasureConfig(number=2, repeat=1, timeout_s=60), work)
+    args = (
+        extracted.path / task.file,
+        task.name,
+        task.flops,
+        task.workload_hash,
+        host_target.target_json,
+        BoardSpec(board.host, board.port, board.key, 1),
+        TuneConfig(trials_per_task=8, trials_per_batch=8),
+        MeasureConfig(number=2, repeat=1, timeout_s=60),
+        work,
+    )
     monkeypatch.setattr(spaces, "design_space", lambda target, wl, failures=None: "post-order-apply")
     monkeypatch.setattr(spaces, "label", lambda target, wl: "metaschedule")
     before = tuning.tune_task(*args)

@@ -17,10 +17,9 @@ import sys
 import numpy as np
 import pytest
 import torch
+import tvm
 from int8_nets import Blocks, randomize, to_relax
 from torch import nn
-
-import tvm
 from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import codegen
@@ -35,8 +34,9 @@ from vta_pipeline.task_database import open_database
 
 HERE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # AVX2 (what CI and this machine run)
 CASCADELAKE = {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}  # AVX512-VNNI: compiled, not run
-host_has_avx2 = bool(codegen.target_has_features(
-    ["avx2"], tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})))
+host_has_avx2 = bool(
+    codegen.target_has_features(["avx2"], tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()}))
+)
 
 
 class Signed(nn.Module):
@@ -115,7 +115,10 @@ def test_x86_layout_packs_weights_for_the_dot_product_and_keeps_the_values(block
     assert len(regular) == 5
     for a, b in regular:
         assert (str(b.call.attrs.data_layout), str(b.call.attrs.kernel_layout)) == ("NCHW1n16c", "OIHW16o4i")
-        wv, wx = a.call.args[1].value.numpy(), b.call.args[1].value.numpy()  # (O/16, I/16, kh, kw, 16, 16) / (O/16, I/4, kh, kw, 16, 4)
+        wv, wx = (
+            a.call.args[1].value.numpy(),
+            b.call.args[1].value.numpy(),
+        )  # (O/16, I/16, kh, kw, 16, 16) / (O/16, I/4, kh, kw, 16, 4)
         o16, i16, kh, kw = wv.shape[:4]
         assert wx.shape == (o16, i16 * 4, kh, kw, 16, 4)
         oihw_v = wv.transpose(0, 4, 1, 5, 2, 3).reshape(o16 * 16, i16 * 16, kh, kw)
@@ -128,8 +131,9 @@ def test_x86_layout_packs_weights_for_the_dot_product_and_keeps_the_values(block
 
 def test_uint8_only_where_the_input_is_provably_non_negative():
     q, x = quantized(Signed())
-    packed, rep = graph_pack(q, PackParams(start_name="nn.max_pool2d", stop_name="nn.relu", stop_name_idx=1,
-                                           layout="x86"))
+    packed, rep = graph_pack(
+        q, PackParams(start_name="nn.max_pool2d", stop_name="nn.relu", stop_name_idx=1, layout="x86")
+    )
     dtypes = [str(c.call.args[0].ty.dtype) for c in packed_convs(packed)]
     assert dtypes == ["uint8", "int8"], dtypes  # c1 after max_pool(relu), c2 after c1 (signed)
     assert rep.uint8_convs == 1
@@ -172,16 +176,19 @@ def test_x86_layout_needs_a_channel_block_of_fours(blocks):
 
 
 # ---- the intrinsics ------------------------------------------------------------------------------
-@pytest.mark.parametrize("spec, expected", [
-    (HERE, int8_dot.AVX2),
-    ({"kind": "llvm", "mcpu": "haswell"}, int8_dot.AVX2),
-    ({"kind": "llvm", "mcpu": "skylake-avx512"}, int8_dot.AVX512),
-    (CASCADELAKE, int8_dot.VNNI),
-    ({"kind": "llvm", "mcpu": "sapphirerapids"}, int8_dot.VNNI),
-    ({"kind": "llvm", "mcpu": "cortex-a72", "mtriple": "aarch64-linux-gnu"}, None),
-    ({"kind": "llvm", "mcpu": "nehalem"}, None),  # SSE only: the default rules
-    ({"kind": "cuda", "arch": "sm_80"}, None),
-])
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        (HERE, int8_dot.AVX2),
+        ({"kind": "llvm", "mcpu": "haswell"}, int8_dot.AVX2),
+        ({"kind": "llvm", "mcpu": "skylake-avx512"}, int8_dot.AVX512),
+        (CASCADELAKE, int8_dot.VNNI),
+        ({"kind": "llvm", "mcpu": "sapphirerapids"}, int8_dot.VNNI),
+        ({"kind": "llvm", "mcpu": "cortex-a72", "mtriple": "aarch64-linux-gnu"}, None),
+        ({"kind": "llvm", "mcpu": "nehalem"}, None),  # SSE only: the default rules
+        ({"kind": "cuda", "arch": "sm_80"}, None),
+    ],
+)
 def test_the_intrinsic_follows_the_cpu(spec, expected):
     assert int8_dot.intrinsic_for(tvm.target.Target(spec)) == expected
     signed = int8_dot.intrinsic_for(tvm.target.Target(spec), signed=True)  # int8 data: the same ISA's signed form
@@ -196,8 +203,11 @@ def _dot_kernel(lanes: int, signed: bool, spec) -> tuple[str, object]:
     a = te.placeholder((32, 64), "int8" if signed else "uint8", name="a")
     b = te.placeholder((16, lanes, 4), "int8", name="b")  # the packed weights' 4i innermost
     k = te.reduce_axis((0, 64), name="k")
-    c = te.compute((32, lanes), lambda n, i: te.sum(a[n, k].astype("int32") * b[k // 4, i, k % 4].astype("int32"),
-                                                    axis=k), name="c")
+    c = te.compute(
+        (32, lanes),
+        lambda n, i: te.sum(a[n, k].astype("int32") * b[k // 4, i, k % 4].astype("int32"), axis=k),
+        name="c",
+    )
     sch = tvm.s_tir.Schedule(te.create_prim_func([a, b, c]))
     n, i, kk = sch.get_loops(sch.get_sblock("c"))
     k_o, k_i = sch.split(kk, [None, 4])
@@ -250,11 +260,14 @@ def test_only_uint8_by_int8_workloads_get_the_dot_product_rule(blocks):
 
 
 # ---- tensorized builds ---------------------------------------------------------------------------
-@pytest.mark.parametrize("spec, instruction, absent", [
-    (HERE, "vpmaddubsw", "vpdpbusd"),
-    (CASCADELAKE, "vpdpbusd", "vpmaddubsw"),
-    ({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}, "vpmaddubsw", "vpdpbusd"),
-])
+@pytest.mark.parametrize(
+    "spec, instruction, absent",
+    [
+        (HERE, "vpmaddubsw", "vpdpbusd"),
+        (CASCADELAKE, "vpdpbusd", "vpmaddubsw"),
+        ({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}, "vpmaddubsw", "vpdpbusd"),
+    ],
+)
 def test_the_int8_convs_are_tensorized_with_the_cpus_dot_product(blocks, tmp_path, spec, instruction, absent):
     q, _ = blocks
     x86, _ = graph_pack(q, PackParams(stop_name="nn.relu", stop_name_idx=4, layout="x86"))
@@ -293,9 +306,17 @@ def test_tensorized_records_open_in_a_fresh_process(tensorized_db):
     every database with them registered (`task_database.open_database`)."""
     db, n = tensorized_db
     opened = subprocess.run(
-        [sys.executable, "-c", "import sys; from vta_pipeline.task_database import open_database; "
-                               "print(len(open_database(sys.argv[1]).get_all_tuning_records()))", str(db)],
-        capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-c",
+            "import sys; from vta_pipeline.task_database import open_database; "
+            "print(len(open_database(sys.argv[1]).get_all_tuning_records()))",
+            str(db),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert opened.returncode == 0, opened.stderr[-2000:]
     assert int(opened.stdout.split()[-1]) == n  # (and no other module opens one: test_layering)
 
@@ -340,8 +361,11 @@ def test_tuned_weights_are_prepacked_once_at_build_time(tmp_path):
     x = np.random.default_rng(1).standard_normal((1, 3, 16, 16)).astype("float32")
     mod = to_relax(model, x)
     lowered = lower_for_tuning(mod)
-    assert any(f.attrs and list(f.attrs.get("layout_free_buffers", [])) for _, f in lowered.functions.items()
-               if isinstance(f, tvm.tirx.PrimFunc))
+    assert any(
+        f.attrs and list(f.attrs.get("layout_free_buffers", []))
+        for _, f in lowered.functions.items()
+        if isinstance(f, tvm.tirx.PrimFunc)
+    )
     (tmp_path / "db").mkdir()
     sampled_database(lowered, HERE, tmp_path / "db", seed=3)
     target = tvm.target.Target(HERE)

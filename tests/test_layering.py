@@ -43,8 +43,10 @@ def _imports(path: Path) -> set[str]:
 def _graph() -> dict[str, set[str]]:
     """module -> the library modules it imports (a package's import of its own parent excluded)."""
     modules = {_module_name(p): p for p in PKG.rglob("*.py")}
-    return {name: {d for d in _imports(path) if d in modules and d != name and not name.startswith(d + ".")}
-            for name, path in modules.items()}
+    return {
+        name: {d for d in _imports(path) if d in modules and d != name and not name.startswith(d + ".")}
+        for name, path in modules.items()
+    }
 
 
 def test_no_module_of_the_library_imports_itself_back_through_another():
@@ -69,6 +71,9 @@ def test_every_tuning_database_is_opened_with_our_intrinsics_registered():
     """A record naming one of our tensor intrinsics does not parse in a process that has not
     registered them yet (a resumed run whose pack came from the cache): the library opens every
     MetaSchedule database through `task_database.open_database`, never `JSONDatabase` itself."""
-    others = [str(p.relative_to(ROOT)) for p in sorted(PKG.rglob("*.py"))
-              if "JSONDatabase(" in p.read_text() and p.name != "task_database.py"]
+    others = [
+        str(p.relative_to(ROOT))
+        for p in sorted(PKG.rglob("*.py"))
+        if "JSONDatabase(" in p.read_text() and p.name != "task_database.py"
+    ]
     assert not others, f"{others} open a MetaSchedule database without task_database.open_database"

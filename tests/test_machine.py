@@ -5,8 +5,10 @@ from vta_pipeline import machine
 
 def test_cpu_reads_the_model_and_the_isa_flags_that_matter(tmp_path):
     info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu sse2 avx2 avx512f avx512bw "
-                    "avx512_vnni\n\nprocessor\t: 1\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu\n")
+    info.write_text(
+        "processor\t: 0\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu sse2 avx2 avx512f avx512bw "
+        "avx512_vnni\n\nprocessor\t: 1\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu\n"
+    )
     cpu = machine.cpu(info)
     assert cpu["cpu"] == "AMD EPYC 9R14" and cpu["isa"] == ["avx2", "avx512f", "avx512bw", "avx512_vnni"]
     assert cpu["logical_cpus"] >= 1

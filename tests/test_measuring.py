@@ -10,12 +10,11 @@ import numpy as np
 import pytest
 
 from vta_pipeline import steps
-from vta_pipeline.boards import LocalBoard, board_threads
+from vta_pipeline.boards import BoardSpec, LocalBoard, board_threads
 from vta_pipeline.config import EvalConfig, MeasureConfig, TuneConfig
 from vta_pipeline.evaluate import MIN_REPEAT, evaluate_on_board, plan_timing
 from vta_pipeline.extract import load_tasks
 from vta_pipeline.ms_build import fast_build
-from vta_pipeline.boards import BoardSpec
 from vta_pipeline.trial_log import read_trials, task_work_dir
 from vta_pipeline.tuning import tune_task
 
@@ -55,9 +54,17 @@ def _tuning_vs_quiet(extracted, task, host_target, measure, tmp_path, rounds: in
     with LocalBoard(key="quiet", registry=tmp_path / "registry", log_dir=tmp_path / "logs") as b:
         threads = board_threads(b.host, b.port, b.key)  # as the flow reads it before tuning
         spec = BoardSpec(b.host, b.port, b.key, 1, threads)
-        out = tune_task(extracted.path / task.file, task.name, task.flops, task.workload_hash,
-                        host_target.target_json, spec, TuneConfig(trials_per_task=16, trials_per_batch=8),
-                        measure, work)
+        out = tune_task(
+            extracted.path / task.file,
+            task.name,
+            task.flops,
+            task.workload_hash,
+            host_target.target_json,
+            spec,
+            TuneConfig(trials_per_task=16, trials_per_batch=8),
+            measure,
+            work,
+        )
         assert out.threads == os.cpu_count() and {r["threads"] for r in read_trials(work)} == {os.cpu_count()}
         mod = tvm.ir.load_json((extracted.path / task.file).read_text())
         db = ms.database.JSONDatabase(work_dir=str(work))
@@ -84,10 +91,17 @@ def _tuning_vs_quiet(extracted, task, host_target, measure, tmp_path, rounds: in
                 for i, (rec, path) in enumerate(zip(top, paths)):
                     remote.upload(str(path))
                     f = remote.load_module(path.name)
-                    args = [tvm.runtime.tensor(np.random.uniform(size=[int(x) for x in a.shape]).astype(a.dtype), dev)
-                            for a in rec.args_info]  # weights already in the layout the schedule rewrote them to
-                    timer = f.time_evaluator(f.entry_name, dev, number=measure.number, repeat=5,
-                                             min_repeat_ms=max(measure.min_repeat_ms, 100))
+                    args = [
+                        tvm.runtime.tensor(np.random.uniform(size=[int(x) for x in a.shape]).astype(a.dtype), dev)
+                        for a in rec.args_info
+                    ]  # weights already in the layout the schedule rewrote them to
+                    timer = f.time_evaluator(
+                        f.entry_name,
+                        dev,
+                        number=measure.number,
+                        repeat=5,
+                        min_repeat_ms=max(measure.min_repeat_ms, 100),
+                    )
                     # the fastest repeat: a neighbour's burst slows some repeats, a bias of the
                     # measuring (contention while tuning) slows every one of them
                     quiet_s[i] = min(quiet_s[i], *timer(*args).results)
@@ -104,9 +118,11 @@ def test_top_candidates_retimed_quietly_agree_with_their_tuning_latency(session_
 
     fetched = steps.fetch_step(session_store, ModelConfig(source="builtin", name="tinynet"))
     extracted = steps.extract_step(session_store, fetched, host_target)
-    task = max((t for t in load_tasks(extracted.path) if t.op == "conv2d" and t.workload[3] == 32),
-               key=lambda t: t.flops)
+    task = max(
+        (t for t in load_tasks(extracted.path) if t.op == "conv2d" and t.workload[3] == 32), key=lambda t: t.flops
+    )
     measure = MeasureConfig()  # the defaults a run measures with
+
     # The way tuning measures agrees with a quiet re-time of the same builds in the same minute,
     # within 10% together: two servers timing against each other put candidates 1.1x-3.0x off,
     # all in the same direction, which moves the median. Comparing the latencies recorded while
@@ -118,8 +134,9 @@ def test_top_candidates_retimed_quietly_agree_with_their_tuning_latency(session_
     # 1.0-1.29x the quiet ones; one of 7ab9803 recorded a candidate at 2.06x while tuning, its
     # runner re-time 1.13x: the host was busy in that round, not the number someone else's).
     def agrees(timed):
-        return (0.9 <= statistics.median(r / q for _, r, q in timed) <= 1.1
-                and all(1 / 2 <= t / q <= 2 for t, _, q in timed))
+        return 0.9 <= statistics.median(r / q for _, r, q in timed) <= 1.1 and all(
+            1 / 2 <= t / q <= 2 for t, _, q in timed
+        )
 
     for attempt in range(3):
         timed = _tuning_vs_quiet(extracted, task, host_target, measure, tmp_path / f"attempt{attempt}")
@@ -148,9 +165,18 @@ def test_the_flows_evaluation_agrees_with_a_quiet_retime(micronet, host_target, 
     with LocalBoard(key="evalq", registry=tmp_path / "registry", log_dir=tmp_path / "logs") as b:
         for _ in range(3):
             ev = steps.evaluate_step(again, lib, fetched, host_target, (b.host, b.port), b.key, EvalConfig())
-            quiet = evaluate_on_board(lib.file("model.so"), importers.load_reference(fetched.path), "llvm",
-                                      (b.host, b.port), b.key, number=1, repeat=10, rtol=1e-3, atol=1e-3,
-                                      min_repeat_ms=1000)
+            quiet = evaluate_on_board(
+                lib.file("model.so"),
+                importers.load_reference(fetched.path),
+                "llvm",
+                (b.host, b.port),
+                b.key,
+                number=1,
+                repeat=10,
+                rtol=1e-3,
+                atol=1e-3,
+                min_repeat_ms=1000,
+            )
             pairs.append((ev.meta["min_ms"], quiet.min_ms))
             # the fastest repeats, as above: a CI run of 481b682 saw the flow's mean 0.51 ms
             # against a retime whose median was 0.68 and whose fastest repeat was 0.52. And
@@ -183,8 +209,9 @@ def test_a_flushed_retime_finds_a_kernels_weights_cold(board, host_target):
     from vta_pipeline.retime import retime_measure
 
     @T.prim_func(s_tir=True)
-    def weighted_sum(x: T.Buffer((1024,), "float32"), w: T.Buffer((1024, 256), "float32"),
-                     y: T.Buffer((256,), "float32")):
+    def weighted_sum(
+        x: T.Buffer((1024,), "float32"), w: T.Buffer((1024, 256), "float32"), y: T.Buffer((256,), "float32")
+    ):
         T.func_attr({"global_symbol": "main", "tir.noalias": True})
         for i in range(256):
             with T.sblock("init"):
@@ -228,10 +255,19 @@ def test_engines_timed_in_turn_start_only_after_the_one_before_has_rested(board)
             t0 = time.monotonic()
             calls.append((name, t0, time.monotonic()))
             return 1.0
+
         return run
 
-    ms = time_in_turn([], np.zeros(1, "float32"), "llvm", (board.host, board.port), board.key, 2,
-                      local=[engine("a"), engine("b")], settle_s=0.2)
+    ms = time_in_turn(
+        [],
+        np.zeros(1, "float32"),
+        "llvm",
+        (board.host, board.port),
+        board.key,
+        2,
+        local=[engine("a"), engine("b")],
+        settle_s=0.2,
+    )
     assert ms == [[1.0, 1.0], [1.0, 1.0]]
     assert [c[0] for c in calls] == ["b", "a", "a", "b", "b", "a"]  # round -1 (not counted), then in turn
     assert all(later[1] - earlier[2] >= 0.19 for earlier, later in zip(calls, calls[1:]))

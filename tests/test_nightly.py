@@ -34,8 +34,15 @@ def night_a(prefect_harness, board, tmp_path_factory):
     bad.write_bytes(b"this is not an ONNX model")
     store = tmp / "store"
     state = nightly.with_options(retries=1, retry_delay_seconds=0)(
-        models=["builtin:micronet", f"onnx:{bad}"], targets=["host"], trials_per_task=3, trials_per_batch=3,
-        tracker=board.tracker, key=board.key, store=str(store), night="2026-11-20", config=SMALL,
+        models=["builtin:micronet", f"onnx:{bad}"],
+        targets=["host"],
+        trials_per_task=3,
+        trials_per_batch=3,
+        tracker=board.tracker,
+        key=board.key,
+        store=str(store),
+        night="2026-11-20",
+        config=SMALL,
         return_state=True,
     )
     return state, ArtifactStore(store)
@@ -53,8 +60,7 @@ def test_a_failed_pair_is_reported_the_others_finish_and_the_retry_redoes_only_w
     # ...but its steps were computed once: the retry took them from the store's cache
     computed = Counter(e["step"] for e in store.events() if e["event"] == "computed")
     # (the nightly's defaults take the fast path: the cpu-layout step blocks micronet's convs)
-    assert computed == {"fetch": 1, "cpu_layout": 1, "extract": 1, "tune": 2, "pick_best": 1, "build": 2,
-                        "evaluate": 2}
+    assert computed == {"fetch": 1, "cpu_layout": 1, "extract": 1, "tune": 2, "pick_best": 1, "build": 2, "evaluate": 2}
     # tonight's measurements and evaluations are in the history, once: the retry's evaluation
     # is the same (cached) evaluate artifact as the first attempt's
     (night,) = history.best_per_night(store.root, "micronet")
@@ -64,22 +70,39 @@ def test_a_failed_pair_is_reported_the_others_finish_and_the_retry_redoes_only_w
 
 
 def test_a_regressed_night_says_so_and_keeps_the_best_nights_build(night_a, board):
-    from flows.tune_network import tune_network
     from flows.nightly import pair_configs
+    from flows.tune_network import tune_network
 
     _, store = night_a
     first = json.loads(sorted((store.root / "runs").glob("*.json"))[0].read_text())
     # The history remembers a (much) faster night whose build is night A's tuned build.
-    history.record_run(store.root, dict(first, run_id="legend", night="2026-11-19",
-                                        tuned=dict(first["tuned"], mean_ms=first["tuned"]["mean_ms"] / 100,
-                                                   evaluation_id="legend-t"),
-                                        untuned=dict(first["untuned"], evaluation_id="legend-u")), [])
-    (cfg,) = pair_configs(["micronet"], ["host"], {
-        "tune.trials_per_task": 3, "tune.trials_per_batch": 3, "tune.session": "2026-11-21",
-        "board.tracker": board.tracker, "board.key": board.key, "store": str(store.root),
-        # the evaluations alone decide: the legend's build is night A's, timed in turn it would be
-        # even with tonight's (that confirmation: test_history's in-turn tests)
-        "guard.confirm_rounds": 0}, SMALL)
+    history.record_run(
+        store.root,
+        dict(
+            first,
+            run_id="legend",
+            night="2026-11-19",
+            tuned=dict(first["tuned"], mean_ms=first["tuned"]["mean_ms"] / 100, evaluation_id="legend-t"),
+            untuned=dict(first["untuned"], evaluation_id="legend-u"),
+        ),
+        [],
+    )
+    (cfg,) = pair_configs(
+        ["micronet"],
+        ["host"],
+        {
+            "tune.trials_per_task": 3,
+            "tune.trials_per_batch": 3,
+            "tune.session": "2026-11-21",
+            "board.tracker": board.tracker,
+            "board.key": board.key,
+            "store": str(store.root),
+            # the evaluations alone decide: the legend's build is night A's, timed in turn it would be
+            # even with tonight's (that confirmation: test_history's in-turn tests)
+            "guard.confirm_rounds": 0,
+        },
+        SMALL,
+    )
     state = tune_network(cfg.model_dump(mode="json"), return_state=True)
     assert state.is_completed() and state.name == "Regressed"
     assert "REGRESSION" in state.message and "2026-11-19" in state.message
@@ -90,8 +113,9 @@ def test_a_regressed_night_says_so_and_keeps_the_best_nights_build(night_a, boar
     # tonight started from every distinct record night A measured (up to its 3 trials: one whose
     # build failed, or a schedule measured twice, is not a seed) and reports against them
     for t in result["tasks"]:
-        seeds, best, _ = history.best_records(store.root, t["workload_hash"], first["target_id"], board.key, 32,
-                                              exclude_session="2026-11-21")
+        seeds, best, _ = history.best_records(
+            store.root, t["workload_hash"], first["target_id"], board.key, 32, exclude_session="2026-11-21"
+        )
         assert 1 <= t["warm_start"] == len(seeds) <= 3, (t["task"], t["warm_start"], len(seeds))
         assert t["previous_best_ms"] == pytest.approx(best), t["task"]
     # the report: the verdict, and both plots, embedded and in the store
@@ -102,8 +126,9 @@ def test_a_regressed_night_says_so_and_keeps_the_best_nights_build(night_a, boar
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     with get_client(sync_client=True) as client:
-        arts = client.read_artifacts(artifact_filter=ArtifactFilter(
-            flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+        arts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id]))
+        )
     by_key = {a.key: a for a in arts}
     assert {"tuning-progress", "tuning-tasks", "latency", "evaluation"} <= set(by_key)
     report = by_key["evaluation"].data

@@ -23,8 +23,21 @@ from vta_pipeline.trial_log import read_trials
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "store_ea890f9.tgz"
 TARGET = '{"preset": "host", "target": {"mcpu": "znver3", "num-cores": 2}}'
-COMMAND = ["run", "--model", "micronet", "--source", "builtin", "--target", TARGET, "--trials-per-task", "2",
-           "--trials-per-batch", "2", "--eval-repeat", "3"]
+COMMAND = [
+    "run",
+    "--model",
+    "micronet",
+    "--source",
+    "builtin",
+    "--target",
+    TARGET,
+    "--trials-per-task",
+    "2",
+    "--trials-per-batch",
+    "2",
+    "--eval-repeat",
+    "3",
+]
 
 
 def _trials(store: Path) -> dict[str, int]:
@@ -39,9 +52,13 @@ def test_a_store_made_before_the_redraw_is_reused_step_for_step(tmp_path):
         t.extractall(root, filter="data")
     before, trials = len(ArtifactStore(root).events()), _trials(root)
     assert trials and all(trials.values())
-    done = subprocess.run([sys.executable, "-m", "vta_pipeline.cli", *COMMAND, "--store", str(root)],
-                          env=dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect")), capture_output=True,
-                          text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-m", "vta_pipeline.cli", *COMMAND, "--store", str(root)],
+        env=dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect")),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     steps = [e for e in ArtifactStore(root).events()[before:] if e.get("step")]
     assert {e["step"] for e in steps} >= {"fetch", "extract", "tune", "pick_best", "build", "evaluate"}

@@ -19,28 +19,28 @@ import re
 import numpy as np
 import pytest
 import torch
+import tvm
 from int8_nets import Blocks, randomize, to_relax
 from torch import nn
-
-import tvm
 from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import codegen
 
 from vta_pipeline import emulate, int8_dot, intrin_registry
-from vta_pipeline.spaces import packed_conv as packed_conv_space
 from vta_pipeline.build import LIB, build_network
 from vta_pipeline.passes.cpu_layout import cpu_layout
 from vta_pipeline.passes.graph_pack import PackError, PackParams, graph_pack
 from vta_pipeline.passes.quantize import QuantizeParams, quantize
 from vta_pipeline.relax_pipeline import lower_for_tuning
 from vta_pipeline.spaces import design_space
+from vta_pipeline.spaces import packed_conv as packed_conv_space
 
 HERE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # AVX2 (what CI and this machine run)
 SKYLAKE = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}  # AVX-512: compiled, not run
 CASCADELAKE = {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}  # AVX512-VNNI: compiled, not run
-host_has_avx2 = bool(codegen.target_has_features(
-    ["avx2"], tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})))
+host_has_avx2 = bool(
+    codegen.target_has_features(["avx2"], tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()}))
+)
 
 
 class Residual(nn.Module):
@@ -88,8 +88,9 @@ def _sample(wl, spec, seed: int):
     """One candidate of the task's space (of one of its design spaces, by the seed) with its
     postprocessors applied, as a trial builds it (None when a postprocessor rejects it)."""
     target = tvm.target.Target(spec)
-    ctx = ms.TuneContext(mod=wl, target=target, space_generator=design_space(target, wl),
-                         task_name="t", rand_state=seed)
+    ctx = ms.TuneContext(
+        mod=wl, target=target, space_generator=design_space(target, wl), task_name="t", rand_state=seed
+    )
     spaces = ctx.generate_design_space()
     sch = spaces[seed % len(spaces)]
     return sch if all(p.apply(sch) for p in ctx.space_generator.postprocs) else None
@@ -131,7 +132,7 @@ def test_the_stem_conv_is_the_same_nest_over_16_output_lanes(network):
     (stem,) = _packed_tasks(lowered, HERE, "nchw")
     for sch in _samples(stem.dispatched[0], HERE, 3):
         body = sch.mod.script()
-        update = body[:body.index('T.sblock("conv2d_nchw_update")')]
+        update = body[: body.index('T.sblock("conv2d_nchw_update")')]
         nest = re.findall(r"for (\w+(?:, \w+)*) in (T\.\w+|range)\(", update)
         names = [n for group, _ in nest for n in group.split(", ")]
         assert names.index("rx") < names.index("ff_1") and nest[-1][1] == "T.vectorized", nest[-6:]
@@ -144,7 +145,7 @@ def test_a_depthwise_conv_is_vectorized_over_its_channel_block(network):
     (dw,) = _packed_tasks(lowered, HERE, "depthwise")
     for sch in _samples(dw.dispatched[0], HERE, 3):
         body = sch.mod.script()
-        update = body[:body.index('T.sblock("depthwise_conv2d_packed_update")')]
+        update = body[: body.index('T.sblock("depthwise_conv2d_packed_update")')]
         nest = re.findall(r"for (\w+(?:, \w+)*) in (T\.\w+|range)\(", update)
         names = [n for group, _ in nest for n in group.split(", ")]
         assert names.index("d_j") < names.index("c_i") and nest[-1] == ("c_i", "T.vectorized"), nest[-6:]
@@ -173,7 +174,7 @@ def test_a_candidate_is_neocpus_loop_nest(network):
     for task in _packed_tasks(lowered, HERE):
         for sch in _samples(task.dispatched[0], HERE, 3):
             text = sch.mod.script()
-            body = text[text.index("def main"):]
+            body = text[text.index("def main") :]
             assert "T.parallel(" in body
             # the update: the reduction loops (k_o, d_i, d_j, k_i) outside the unrolled tile (rows x
             # columns or pixels over rows, times output-channel chunks), then the batch lane and the
@@ -182,12 +183,16 @@ def test_a_candidate_is_neocpus_loop_nest(network):
             nest = re.findall(r"for (\w+(?:, \w+)*) in (T\.\w+|range)\(", body[:at])
             names = [n for group, _ in nest for n in group.split(", ")]
             kinds = [k for group, k in nest for _ in group.split(", ")]
-            bindings = body[at:body.index("T.writes(", at)]
-            reduction = [loop for roles, loops in re.findall(r'T\.axis\.remap\("(\w+)", \[([\w, ]+)\]\)', bindings)
-                         for role, loop in zip(roles, loops.split(", ")) if role == "R"]
+            bindings = body[at : body.index("T.writes(", at)]
+            reduction = [
+                loop
+                for roles, loops in re.findall(r'T\.axis\.remap\("(\w+)", \[([\w, ]+)\]\)', bindings)
+                for role, loop in zip(roles, loops.split(", "))
+                if role == "R"
+            ]
             reduction += re.findall(r"T\.axis\.reduce\([^,]+, (\w+)", bindings)
             assert reduction and all(loop in names for loop in reduction), (reduction, names)
-            tile = kinds[max(names.index(loop) for loop in reduction) + 1:]
+            tile = kinds[max(names.index(loop) for loop in reduction) + 1 :]
             assert tile[-2:] == ["range", "T.vectorized"] and tile[:-2] in (["T.unroll"] * 2, ["T.unroll"] * 3), nest
             # the epilogue (bias, residual add, ReLU) is written from the tile: no block of its own
             assert 'T.sblock("T_add' not in body and 'T.sblock("compute' not in body
@@ -201,8 +206,7 @@ def _output_rows(sch) -> int:
     return output_shape(sch.mod)[2]
 
 
-def test_each_thread_writes_one_band_of_output_rows_in_every_kind_of_conv(network, int8_network,
-                                                                          depthwise_dot_network):
+def test_each_thread_writes_one_band_of_output_rows_in_every_kind_of_conv(network, int8_network, depthwise_dot_network):
     """The parallel loop is (batch, row band, channel chunks), a band per core of the target: the
     static split gives each thread the same rows of every conv's output, so the next conv reads
     what this thread wrote (across Zen 5's CCDs a kernel chain split by channels measured 5x
@@ -210,9 +214,11 @@ def test_each_thread_writes_one_band_of_output_rows_in_every_kind_of_conv(networ
     from loop_nests import rows_by_thread
 
     seen = set()
-    for lowered, spec, kinds in ((network[0], HERE, ("float", "depthwise", "nchw")),
-                                 (int8_network[1], HERE, ("dot",)),
-                                 (depthwise_dot_network[2], ICELAKE, ("depthwise_dot",))):
+    for lowered, spec, kinds in (
+        (network[0], HERE, ("float", "depthwise", "nchw")),
+        (int8_network[1], HERE, ("dot",)),
+        (depthwise_dot_network[2], ICELAKE, ("depthwise_dot",)),
+    ):
         for kind in kinds:
             for task in _packed_tasks(lowered, spec, kind):
                 # a conv whose weights outweigh its activations splits its output channels
@@ -329,8 +335,9 @@ def _network_output(lowered, wl, sch, x, work) -> np.ndarray:
         (work / d).mkdir(parents=True)
     (work / "extract" / "lowered.json").write_text(tvm.ir.save_json(lowered))
     db = ms.database.JSONDatabase(work_dir=str(work / "db"))
-    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(wl), [1e-3],
-                                                     tvm.target.Target(HERE)))
+    db.commit_tuning_record(
+        ms.database.TuningRecord(sch.trace, db.commit_workload(wl), [1e-3], tvm.target.Target(HERE))
+    )
     build_network(work / "extract", HERE, work / "out", best_db_dir=work / "db")
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(work / "out" / LIB)), tvm.cpu())
     return vm["main"](tvm.runtime.tensor(x)).numpy()
@@ -368,13 +375,17 @@ def _tiles_inside_the_reduction(realize, loops) -> int:
     from tvm.tirx.analysis import undefined_vars
 
     def bound(iter_type: int) -> list:
-        return [v for iv, value in zip(realize.block.iter_vars, realize.iter_values)
-                if int(iv.iter_type) == iter_type for v in undefined_vars(value)]
+        return [
+            v
+            for iv, value in zip(realize.block.iter_vars, realize.iter_values)
+            if int(iv.iter_type) == iter_type
+            for v in undefined_vars(value)
+        ]
 
     reduction, spatial = bound(2), bound(0)
     first = min(i for i, loop in enumerate(loops) if any(loop.loop_var.same_as(v) for v in reduction))
     tiles = 1
-    for loop in loops[first + 1:]:
+    for loop in loops[first + 1 :]:
         if loop.kind == tvm.tirx.ForKind.SERIAL and any(loop.loop_var.same_as(v) for v in spatial):
             tiles *= int(loop.extent)
     return tiles
@@ -390,8 +401,8 @@ def test_a_conv_whose_weights_outweigh_its_activations_reads_each_block_of_weigh
     `test_weight_prefetch.py`)."""
     from loop_nests import _blocks, rows_by_thread
 
-    from vta_pipeline.spaces import upgrade as space_upgrade
     from vta_pipeline.spaces import label as space_label
+    from vta_pipeline.spaces import upgrade as space_upgrade
 
     _, wl, _, _ = wide
     target = tvm.target.Target(HERE)
@@ -401,13 +412,12 @@ def test_a_conv_whose_weights_outweigh_its_activations_reads_each_block_of_weigh
     assert space_upgrade.upgrades("packed-conv:float:3", space_label(target, wl))
     # seeded: an unseeded draw of the third space's tile split was 1 x 1 tiles on the 4 x 4 map in
     # some runs (nothing inside the reduction but the register tile), and the test failed by chance
-    ctx = ms.TuneContext(mod=wl, target=target, space_generator=design_space(target, wl), task_name="t",
-                         rand_state=1)
+    ctx = ms.TuneContext(mod=wl, target=target, space_generator=design_space(target, wl), task_name="t", rand_state=1)
     spaces = ctx.generate_design_space()
     assert len(spaces) == 3
     for index, sch in enumerate(spaces):
         found, _ = _blocks(sch.mod["main"])
-        (loops, update), = [(loops, r) for loops, r in found if r.block.name_hint == "conv2d_packed_update"]
+        ((loops, update),) = [(loops, r) for loops, r in found if r.block.name_hint == "conv2d_packed_update"]
         assert (_tiles_inside_the_reduction(update, loops) > 1) == (index == 2), (index, sch.mod.script())
     for seed in range(1, 40):
         sch = _sample(wl, HERE, seed * 3)  # spaces[seed * 3 % 3]: the third
@@ -420,8 +430,12 @@ def test_a_conv_whose_weights_outweigh_its_activations_reads_each_block_of_weigh
     # a conv that splits by rows keeps its two spaces and its version
     for task in _packed_tasks(network[0], HERE):
         if not packed_conv_space.splits_by_channels(task.dispatched[0]):
-            ctx = ms.TuneContext(mod=task.dispatched[0], target=target,
-                                 space_generator=design_space(target, task.dispatched[0]), task_name="t")
+            ctx = ms.TuneContext(
+                mod=task.dispatched[0],
+                target=target,
+                space_generator=design_space(target, task.dispatched[0]),
+                task_name="t",
+            )
             assert len(ctx.generate_design_space()) <= 2
             assert space_label(target, task.dispatched[0]) == "packed-conv:float:2"
 
@@ -588,14 +602,18 @@ def test_int8_convs_get_the_nest_around_the_cpus_dot_product(int8_network):
     # five uint8 convs, b1 and b2 one workload (a task of weight 2)
     assert sum(int(t.weight) for t in dot) == report.uint8_convs == 5 and len(dot) == 4
     # a CPU without a dot product (no AVX2) keeps the generic space for them
-    assert packed_conv_space.conv_kind(dot[0].dispatched[0], tvm.target.Target({"kind": "llvm", "mcpu": "x86-64",
-                                                                                 "num-cores": 2})) is None
+    assert (
+        packed_conv_space.conv_kind(
+            dot[0].dispatched[0], tvm.target.Target({"kind": "llvm", "mcpu": "x86-64", "num-cores": 2})
+        )
+        is None
+    )
     lanes, regs = packed_conv_space.vector_registers(tvm.target.Target(HERE))
     for task in dot:
         for sch in _samples(task.dispatched[0], HERE, 2):
             body = sch.mod.script()
             assert "T.parallel(" in body and "llvm.x86.avx2.pmadd.ub.sw" in body  # tensorized: AVX2's pair
-            init = body[body.index('T.sblock("conv2d_dot_packed_init")') - 200:]
+            init = body[body.index('T.sblock("conv2d_dot_packed_init")') - 200 :]
             assert "T.vectorized(T.int64(16))" in init[:200]  # the tile's zeroing is vectorized too
             assert packed_conv_space.tile_registers(sch, lanes) <= regs
             assert 'T.sblock("T_right_shift' not in body  # the requantize is in the tile's write-back
@@ -645,9 +663,14 @@ def signed_network():
     return q, lower_for_tuning(x86), x, report
 
 
-@pytest.mark.parametrize("spec, intrin, signs", [(HERE, int8_dot.intrinsic_name("avx2", signed=True), "vpsignb"),
-                                                 (SKYLAKE, int8_dot.intrinsic_name("avx512", signed=True), "vpabsb"),
-                                                 (CASCADELAKE, int8_dot.intrinsic_name("vnni", signed=True), "vpabsb")])
+@pytest.mark.parametrize(
+    "spec, intrin, signs",
+    [
+        (HERE, int8_dot.intrinsic_name("avx2", signed=True), "vpsignb"),
+        (SKYLAKE, int8_dot.intrinsic_name("avx512", signed=True), "vpabsb"),
+        (CASCADELAKE, int8_dot.intrinsic_name("vnni", signed=True), "vpabsb"),
+    ],
+)
 def test_an_int8_conv_reading_signed_data_gets_the_signed_dot_product(signed_network, tmp_path, spec, intrin, signs):
     # mobilenet_v2's expansions read a linear bottleneck's int8 output: the dot product's signed
     # form (|a| times the weight with a's sign), in the same nest as the uint8 convs. Before it,
@@ -681,9 +704,14 @@ def test_a_build_with_signed_data_is_bit_identical_to_the_emulation(signed_netwo
     assert np.array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), y_emu)
 
 
-@pytest.mark.parametrize("spec, intrin, instruction", [(HERE, int8_dot.AVX2_8, "vpmaddubsw"),
-                                                        (SKYLAKE, int8_dot.AVX2_8, "vpmaddubsw"),
-                                                        (CASCADELAKE, int8_dot.VNNI_8, "vpdpbusd")])
+@pytest.mark.parametrize(
+    "spec, intrin, instruction",
+    [
+        (HERE, int8_dot.AVX2_8, "vpmaddubsw"),
+        (SKYLAKE, int8_dot.AVX2_8, "vpmaddubsw"),
+        (CASCADELAKE, int8_dot.VNNI_8, "vpdpbusd"),
+    ],
+)
 def test_int8_convs_in_blocks_of_8_get_the_8_lane_dot_product(int8_network, tmp_path, spec, intrin, instruction):
     # graph pack in blocks of 8 (mobilenet_v2's 24 and 144 channels): OIHW8o4i weights, the
     # dot product over 8 int32 lanes (one 256-bit register), the same nest around it
@@ -773,8 +801,11 @@ def test_a_build_with_an_int8_stem_is_bit_identical_to_the_emulation(int8_stem_n
 
 # ---- int8 depthwise convs on the dot product (graph pack's depthwise_dot) -------------------------
 ICELAKE = {"kind": "llvm", "mcpu": "icelake-server", "num-cores": 2}  # AVX512-VNNI and VBMI
-host_has_vbmi = bool(codegen.target_has_features(
-    ["avx512vnni", "avx512vbmi"], tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})))
+host_has_vbmi = bool(
+    codegen.target_has_features(
+        ["avx512vnni", "avx512vbmi"], tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
+    )
+)
 
 
 def packed_convs(mod):
@@ -805,8 +836,10 @@ def test_an_int8_depthwise_conv_on_non_negative_data_takes_its_taps_in_fours(int
     pads = [int(p) for p in before.call.attrs.padding]
     assert [int(p) for p in after.call.attrs.padding] == pads[:3] + [pads[3] + 1]  # the zero tap reads one more column
     (task,) = [t for t in _tasks(lowered, ICELAKE) if "depthwise_conv2d_dot_packed" in t.task_name]
-    kind = {name: packed_conv_space.conv_kind(task.dispatched[0], tvm.target.Target(spec))
-            for name, spec in (("icelake", ICELAKE), ("cascadelake", CASCADELAKE), ("here", HERE))}
+    kind = {
+        name: packed_conv_space.conv_kind(task.dispatched[0], tvm.target.Target(spec))
+        for name, spec in (("icelake", ICELAKE), ("cascadelake", CASCADELAKE), ("here", HERE))
+    }
     # VNNI and VBMI: a row of taps per dot product; VNNI alone or AVX2: the same taps on int32 lanes
     assert kind == {"icelake": "depthwise_dot", "cascadelake": "depthwise", "here": "depthwise"}, kind
     for sch in _samples(task.dispatched[0], ICELAKE, 2):
@@ -876,8 +909,10 @@ def test_a_squeeze_excitation_gate_is_computed_once_and_its_broadcast_is_vectori
     others = [t for t in _packed_tasks(lowered, HERE) if t.task_name != gated[0].task_name]
     assert others  # the body conv
     assert packed_conv_space.version("float", wl) == packed_conv_space.BROADCAST_EPILOGUE_VERSION
-    assert all(packed_conv_space.version("float", t.dispatched[0]) < packed_conv_space.BROADCAST_EPILOGUE_VERSION
-               for t in others)
+    assert all(
+        packed_conv_space.version("float", t.dispatched[0]) < packed_conv_space.BROADCAST_EPILOGUE_VERSION
+        for t in others
+    )
     rng = np.random.default_rng(1)
     args = [rng.standard_normal([int(d) for d in p.shape]).astype(p.dtype) for p in wl["main"].params]
 

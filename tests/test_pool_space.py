@@ -5,15 +5,14 @@ MetaSchedule's generic space searched before is kept and searched again in this 
 from __future__ import annotations
 
 import numpy as np
+import tvm
 from loop_nests import candidates, rows_by_thread
 from space_research import generic_then_current
-
-import tvm
 from tvm import relax
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 
-from vta_pipeline import schedule_rules, spaces, tuning
+from vta_pipeline import schedule_rules, spaces
 from vta_pipeline.spaces import pool as pool_space
 from vta_pipeline.spaces.upgrade import ARCHIVED, archive_name, upgrades
 from vta_pipeline.trial_log import read_state
@@ -78,7 +77,7 @@ def test_a_build_of_every_point_computes_the_pool():
     want = np.full((1, 2, 16, 16, 1, 16), -np.inf, "float32")
     for i in range(3):
         for j in range(3):
-            want = np.maximum(want, padded[:, :, i:i + 32:2, j:j + 32:2])
+            want = np.maximum(want, padded[:, :, i : i + 32 : 2, j : j + 32 : 2])
     for sch in sampled(pool()):
         lib = tvm.compile(sch.mod, target=HERE)
         y = tvm.runtime.tensor(np.zeros(want.shape, "float32"))
@@ -86,12 +85,14 @@ def test_a_build_of_every_point_computes_the_pool():
         np.testing.assert_array_equal(y.numpy(), want)
 
 
-def test_a_generic_search_is_kept_and_the_task_searched_again_in_the_pool_space(board, host_target, tmp_path,
-                                                                               monkeypatch):
+def test_a_generic_search_is_kept_and_the_task_searched_again_in_the_pool_space(
+    board, host_target, tmp_path, monkeypatch
+):
     assert upgrades("metaschedule", "pool:1") and not upgrades("pool:1", "pool:1")
     assert not upgrades("dense:1", "pool:1")
-    after, work = generic_then_current(pool(), "max_pool2d", 9 * 2 * 16 * 16 * 16, "pool-32", host_target, board,
-                                       tmp_path, monkeypatch)
+    after, work = generic_then_current(
+        pool(), "max_pool2d", 9 * 2 * 16 * 16 * 16, "pool-32", host_target, board, tmp_path, monkeypatch
+    )
     assert read_state(work)["space"] == f"pool:{pool_space.VERSION}"
     assert (work / archive_name("metaschedule") / ARCHIVED).exists()
     assert after.trials == after.trials_this_run == len(pool_space.DEPTHS) * len(pool_space.TAPS)

@@ -205,8 +205,11 @@ def test_calibrated_scales_follow_the_data(blocks):
 
 def _matmuls(mod):
     """(input dtype, weight dtype, output dtype) of each matmul in main."""
-    return [(dtype_of(b.value.args[0]), dtype_of(b.value.args[1]), dtype_of(b.var))
-            for b in main_bindings(mod) if op_name(b.value) == "matmul"]
+    return [
+        (dtype_of(b.value.args[0]), dtype_of(b.value.args[1]), dtype_of(b.var))
+        for b in main_bindings(mod)
+        if op_name(b.value) == "matmul"
+    ]
 
 
 def test_quantize_dense_makes_the_classifier_int8_x_int8_and_stays_bit_exact():
@@ -238,8 +241,9 @@ def test_int8_accuracy_of_a_trained_cnn_is_within_two_points_of_float(mode, dens
     mod = to_relax(model, x)
     params = QuantizeParams(quantize_dense=dense)
     if mode == "max":
-        params.var_act_exp = calibrate(mod, QuantizeConfig(calibrate_mode="max"),
-                                       [train[0][i:i + 512] for i in range(0, 2048, 512)])
+        params.var_act_exp = calibrate(
+            mod, QuantizeConfig(calibrate_mode="max"), [train[0][i : i + 512] for i in range(0, 2048, 512)]
+        )
     q, _ = quantize(mod, params)
     int8_acc = float((build_run(q, x).argmax(1) == labels).mean())
     print(f"{mode}, dense {'int8' if dense else 'float'}: float top-1 {float_acc:.3f}, int8 top-1 {int8_acc:.3f}")
@@ -273,10 +277,12 @@ def test_int8_activations_read_a_residual_adds_operands_as_int8_but_the_accumula
 
     def residual_operands(q):
         by_var = {b.var: b.value for b in main_bindings(q)}
-        return [sorted(op_name(by_var[a]) for a in b.value.args) for b in main_bindings(q)
-                if op_name(b.value) == "add" and all(a in by_var and op_name(by_var[a]) in ("astype", "right_shift",
-                                                                                          "nn.relu")
-                                                     for a in b.value.args)]
+        return [
+            sorted(op_name(by_var[a]) for a in b.value.args)
+            for b in main_bindings(q)
+            if op_name(b.value) == "add"
+            and all(a in by_var and op_name(by_var[a]) in ("astype", "right_shift", "nn.relu") for a in b.value.args)
+        ]
 
     assert residual_operands(q8) == [["astype", "right_shift"]] * 2  # int8 widened + the shifted accumulator
     assert residual_operands(q32) == [["astype", "right_shift"], ["nn.relu", "right_shift"]]

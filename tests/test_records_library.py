@@ -41,16 +41,36 @@ def library(micronet, board, host_target, tmp_path_factory):
     task = [t for t in load_tasks(extracted.path) if t.op == "conv2d"][0]
     spec = BoardSpec(board.host, board.port, board.key, 2)
     origin = ArtifactStore(tmp_path_factory.mktemp("origin"))
-    art = steps.tune_step(origin, extracted, task, host_target, spec,
-                          TuneConfig(trials_per_task=5, trials_per_batch=5, records_library="off"), MEASURE)
-    run = {"run_id": "r1", "night": "2026-11-20", "model": "micronet", "target": "host", "target_id": host_target.id,
-           "board_key": board.key}
+    art = steps.tune_step(
+        origin,
+        extracted,
+        task,
+        host_target,
+        spec,
+        TuneConfig(trials_per_task=5, trials_per_batch=5, records_library="off"),
+        MEASURE,
+    )
+    run = {
+        "run_id": "r1",
+        "night": "2026-11-20",
+        "model": "micronet",
+        "target": "host",
+        "target_id": host_target.id,
+        "board_key": board.key,
+    }
     history.record_measurements(origin.root, run, [art.path])
     lib = tmp_path_factory.mktemp("library")
     exported = records_library.export(origin.root, host_target, lib, k=3, cpu_info=CPU, source_commit="abc1234")
     fresh = ArtifactStore(tmp_path_factory.mktemp("fresh"))
-    warm = steps.tune_step(fresh, extracted, task, host_target, spec,
-                           TuneConfig(trials_per_task=4, trials_per_batch=4, records_library=str(lib)), MEASURE)
+    warm = steps.tune_step(
+        fresh,
+        extracted,
+        task,
+        host_target,
+        spec,
+        TuneConfig(trials_per_task=4, trials_per_batch=4, records_library=str(lib)),
+        MEASURE,
+    )
     return task, origin, art, lib, exported, warm
 
 
@@ -62,8 +82,9 @@ def test_export_keeps_the_best_distinct_records_of_each_workload_with_their_prov
     assert {r["workload_key"] for r in rows} == {task.workload_hash}
     measured = sorted(t["latency_ms"] for t in read_trials(art.path) if t.get("latency_ms"))
     assert [r["latency_ms"] for r in rows] == pytest.approx(measured[:3])
-    assert {(r["cpu"], r["isa"], r["commit"], r["night"], r["measured"]) for r in rows} == \
-        {("Test CPU 9000", "avx2", "abc1234", "2026-11-20", 5)}
+    assert {(r["cpu"], r["isa"], r["commit"], r["night"], r["measured"]) for r in rows} == {
+        ("Test CPU 9000", "avx2", "abc1234", "2026-11-20", 5)
+    }
     # the CPU class is the target without its core count
     cls = json.loads(rows[0]["cpu_class"])
     assert "num-cores" not in cls["target"] and cls["target"]["mcpu"] == host_target.target_json["mcpu"]
@@ -128,16 +149,23 @@ def test_the_stores_own_history_wins_over_the_library(library, micronet, board, 
     task, origin, _, lib, _, _ = library
     _, extracted = micronet
     spec = BoardSpec(board.host, board.port, board.key, 2)
-    art = steps.tune_step(origin, extracted, task, host_target, spec,
-                          TuneConfig(trials_per_task=1, trials_per_batch=1, session="n2", records_library=str(lib)),
-                          MEASURE)
+    art = steps.tune_step(
+        origin,
+        extracted,
+        task,
+        host_target,
+        spec,
+        TuneConfig(trials_per_task=1, trials_per_batch=1, session="n2", records_library=str(lib)),
+        MEASURE,
+    )
     s = _summary(art)
     # every distinct record the first session measured (up to its 5 trials: one whose build
     # failed, or a schedule measured twice, is not a seed), each seeded as it was measured (one
     # whose parallel extent the search had mutated was once taken for another space's and
     # measured again: test_space_upgrade), and nothing from the library
-    own, best, _ = history.best_records(origin.root, task.workload_hash, host_target.id, board.key, 32,
-                                       exclude_session="n2")
+    own, best, _ = history.best_records(
+        origin.root, task.workload_hash, host_target.id, board.key, 32, exclude_session="n2"
+    )
     assert 1 <= s["warm_start"] == len(own) <= 5 and s["library"] is None, (s["warm_start"], len(own))
     assert s["previous_best_ms"] == pytest.approx(best)
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import tvm
 from int8_nets import TARGET, Blocks, randomize, to_relax
 from torch import nn
-
-import tvm
 from tvm import relax
 
 from vta_pipeline.passes.quantize import QuantizeParams, fold_batch_norm, quantize
@@ -70,11 +69,16 @@ def test_int8_requantize_fuses_into_the_conv_kernel():
     funcs = prim_funcs(lower_for_tuning(q))
     names = sorted(funcs)
     # c1: accumulate, bias, ReLU, requantize (round, shift, clamp, cast to int8): one kernel
-    assert any(n.startswith("fused_conv2d") and all(op in n for op in ("add", "relu", "right_shift", "minimum",
-                                                                     "maximum", "cast")) for n in names), names
+    assert any(
+        n.startswith("fused_conv2d")
+        and all(op in n for op in ("add", "relu", "right_shift", "minimum", "maximum", "cast"))
+        for n in names
+    ), names
     # c2: accumulate, shift to the residual's scale, residual add, ReLU: one kernel
-    assert any(n.startswith("fused_conv2d") and all(op in n for op in ("right_shift", "add", "relu"))
-               and n.count("add") >= 2 for n in names), names
+    assert any(
+        n.startswith("fused_conv2d") and all(op in n for op in ("right_shift", "add", "relu")) and n.count("add") >= 2
+        for n in names
+    ), names
     assert not any(n.startswith(("add", "relu", "right_shift")) for n in names), names
 
 

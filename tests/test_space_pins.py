@@ -20,16 +20,17 @@ import os
 from pathlib import Path
 
 import pytest
-
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
 from vta_pipeline import intrin_registry, steps
 from vta_pipeline.config import build_config
 from vta_pipeline.extract import load_tasks
+from vta_pipeline.spaces import design_space
+from vta_pipeline.spaces import label as space_label
+from vta_pipeline.spaces import versions as space_versions
 from vta_pipeline.store import ArtifactStore
 from vta_pipeline.targets import resolve_target
-from vta_pipeline.spaces import design_space, label as space_label, versions as space_versions
 
 PINS = Path(__file__).resolve().parent / "data" / "space_pins.json"
 ZNVER3 = '{"preset": "host", "target": {"mcpu": "znver3", "num-cores": 2}}'  # AVX2
@@ -59,11 +60,15 @@ def _observe(store: ArtifactStore, overrides: dict) -> dict:
     out = {}
     for task in load_tasks(extracted.path):
         wl = tvm.ir.load_json((extracted.path / task.file).read_text())
-        ctx = ms.TuneContext(mod=wl, target=tvm_target, space_generator=design_space(tvm_target, wl),
-                             task_name=task.name, rand_state=SEED)
+        ctx = ms.TuneContext(
+            mod=wl,
+            target=tvm_target,
+            space_generator=design_space(tvm_target, wl),
+            task_name=task.name,
+            rand_state=SEED,
+        )
         traces = [_digest(str(sch.trace)) for sch in ctx.generate_design_space()]
-        out[task.name] = {"workload_hash": task.workload_hash, "label": space_label(tvm_target, wl),
-                          "traces": traces}
+        out[task.name] = {"workload_hash": task.workload_hash, "label": space_label(tvm_target, wl), "traces": traces}
     return out
 
 
@@ -71,8 +76,10 @@ def _observe(store: ArtifactStore, overrides: dict) -> dict:
 def observed(tmp_path_factory):
     intrin_registry.load()
     store = ArtifactStore(tmp_path_factory.mktemp("pins"))
-    seen = {"space_versions": space_versions(),
-            "configs": {name: _observe(store, overrides) for name, overrides in CONFIGS.items()}}
+    seen = {
+        "space_versions": space_versions(),
+        "configs": {name: _observe(store, overrides) for name, overrides in CONFIGS.items()},
+    }
     if os.environ.get("VTA_PIPELINE_REPIN") == "1":
         PINS.write_text(json.dumps(seen, indent=1, sort_keys=True) + "\n")
     return seen

@@ -14,19 +14,20 @@ import re
 from pathlib import Path
 
 import pytest
-from loop_nests import rows_by_thread
-
 import tvm
+from loop_nests import rows_by_thread
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 
 from vta_pipeline import intrin_registry
-from vta_pipeline.spaces import packed_conv as packed_conv_space, upgrade as space_upgrade
 from vta_pipeline.boards import BoardSpec
 from vta_pipeline.config import MeasureConfig, TuneConfig
+from vta_pipeline.spaces import design_space
+from vta_pipeline.spaces import label as space_label
+from vta_pipeline.spaces import packed_conv as packed_conv_space
+from vta_pipeline.spaces import upgrade as space_upgrade
 from vta_pipeline.trial_log import read_state, read_trials, write_state
 from vta_pipeline.tuning import LIBRARY_SEEDS, library_candidates, tune_task
-from vta_pipeline.spaces import design_space, label as space_label
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "packed_conv_v1_records.json"
 HERE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}
@@ -36,8 +37,10 @@ HERE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}
 def v1():
     """{kind: (workload, [record JSON])} of the version-1 records."""
     intrin_registry.load()
-    return {item["kind"]: (tvm.ir.load_json(item["workload"]), item["records"])
-            for item in json.loads(FIXTURE.read_text())["records"]}
+    return {
+        item["kind"]: (tvm.ir.load_json(item["workload"]), item["records"])
+        for item in json.loads(FIXTURE.read_text())["records"]
+    }
 
 
 def _schedule(workload, record_json) -> Schedule:
@@ -89,11 +92,13 @@ def test_a_depthwise_record_of_version_2_is_carried_into_version_3_with_its_deci
 
     target = tvm.target.Target(HERE)
     workload, _ = v1["depthwise"]
-    monkeypatch.setattr(packed_conv_space, "_pad_inside",
-                        lambda sch, conv, outer: packed_conv_space._schedule_producers(sch, conv))
+    monkeypatch.setattr(
+        packed_conv_space, "_pad_inside", lambda sch, conv, outer: packed_conv_space._schedule_producers(sch, conv)
+    )
     for seed in range(1, 40):  # a draw whose tile the register-limit postprocessor accepts
-        ctx = ms.TuneContext(mod=workload, target=target, space_generator=design_space(target, workload),
-                             task_name="v2", rand_state=seed)
+        ctx = ms.TuneContext(
+            mod=workload, target=target, space_generator=design_space(target, workload), task_name="v2", rand_state=seed
+        )
         (old,) = ctx.generate_design_space()
         if all(p.apply(old) for p in ctx.space_generator.postprocs):
             break
@@ -109,25 +114,30 @@ def test_a_depthwise_record_of_version_2_is_carried_into_version_3_with_its_deci
 
 
 def _parallel_extents(trace) -> list[int]:
-    return [inputs[1] for kind, inputs, attrs, _ in trace.as_json(remove_postproc=True)[0]
-            if kind == "Annotate" and attrs[0] == "meta_schedule.parallel"]
+    return [
+        inputs[1]
+        for kind, inputs, attrs, _ in trace.as_json(remove_postproc=True)[0]
+        if kind == "Annotate" and attrs[0] == "meta_schedule.parallel"
+    ]
 
 
 def test_a_record_whose_parallel_extent_the_search_mutated_is_seeded_as_it_was(micronet, tmp_path):
     """The evolutionary search rewrites a generic space's parallel extent in place (MutateParallel):
     such a record is still of its space. Taken for another space's, it was forced onto the first
     space trace, lost its compute location and extent, and was measured again as a new schedule."""
+    from tvm.s_tir.meta_schedule import _ffi_api
+
     from vta_pipeline.extract import load_tasks
     from vta_pipeline.task_database import open_database, plain_json, seed_database
-    from tvm.s_tir.meta_schedule import _ffi_api
 
     _, extracted = micronet
     task = next(t for t in load_tasks(extracted.path) if t.op == "conv2d")
     workload = tvm.ir.load_json((extracted.path / task.file).read_text())
     target = tvm.target.Target(HERE)
     assert space_label(target, workload) == "metaschedule" and not space_upgrade.versioned("metaschedule")
-    ctx = ms.TuneContext(mod=workload, target=target, space_generator=design_space(target, workload),
-                         task_name="mutated", rand_state=7)
+    ctx = ms.TuneContext(
+        mod=workload, target=target, space_generator=design_space(target, workload), task_name="mutated", rand_state=7
+    )
     mutate = ms.mutator.MutateParallel(max_jobs_per_core=16)
     mutate._initialize_with_tune_context(ctx)
     records = []
@@ -138,8 +148,13 @@ def test_a_record_whose_parallel_extent_the_search_mutated_is_seeded_as_it_was(m
         mutated.apply_to_schedule(sch, remove_postproc=True)
         sch.enter_postproc()
         assert all(p.apply(sch) for p in ctx.space_generator.postprocs)
-        rec = ms.database.TuningRecord(sch.trace, ms.database.Workload(workload), [1e-4], target,
-                                       ms.arg_info.ArgInfo.from_prim_func(workload["main"]))
+        rec = ms.database.TuningRecord(
+            sch.trace,
+            ms.database.Workload(workload),
+            [1e-4],
+            target,
+            ms.arg_info.ArgInfo.from_prim_func(workload["main"]),
+        )
         records.append(plain_json(_ffi_api.TuningRecordAsJSON(rec)))
     assert len(records) >= 2
     space = design_space(target, workload)
@@ -177,7 +192,8 @@ def test_a_work_dir_searched_in_version_1_is_kept_and_its_best_records_are_measu
     # every file of the old search is kept, byte for byte; the default lowering's latency stays
     archive = tmp_path / note["archive"]
     assert {n: (archive / n).read_bytes() for n in before if n != "default.json"} == {
-        n: b for n, b in before.items() if n != "default.json"}
+        n: b for n, b in before.items() if n != "default.json"
+    }
     assert (tmp_path / "default.json").read_bytes() == before["default.json"]
     # the work dir starts the current space: no records, no trials, no state; its best records staged
     assert not (tmp_path / "database_tuning_record.json").exists() and not (tmp_path / "trials.jsonl").exists()
@@ -190,8 +206,9 @@ def test_a_work_dir_searched_in_version_1_is_kept_and_its_best_records_are_measu
     # a kill before the state was removed: the next run does it again, from the archive
     (tmp_path / LIBRARY_SEEDS).unlink()
     write_state(tmp_path, status="finished", space="packed-conv:float")
-    again = space_upgrade.upgrade_work_dir(tmp_path, workload, target, "packed-conv:float",
-                                           design_space(target, workload), LIBRARY_SEEDS)
+    again = space_upgrade.upgrade_work_dir(
+        tmp_path, workload, target, "packed-conv:float", design_space(target, workload), LIBRARY_SEEDS
+    )
     assert again == note
     assert json.loads((tmp_path / LIBRARY_SEEDS).read_text()) == staged
 
@@ -206,9 +223,17 @@ def test_a_task_tuned_in_version_1_searches_again_from_its_carried_records(v1, b
     work.mkdir()
     _searched_in_v1(work, workload, records, "packed-conv:float")
     spec = BoardSpec(board.host, board.port, board.key, 2)
-    out = tune_task(task_file, "conv", 1e6, "h", host_target.target_json, spec,
-                    TuneConfig(trials_per_task=3, trials_per_batch=3, retime_top=0), MeasureConfig(number=2, repeat=1),
-                    work)
+    out = tune_task(
+        task_file,
+        "conv",
+        1e6,
+        "h",
+        host_target.target_json,
+        spec,
+        TuneConfig(trials_per_task=3, trials_per_batch=3, retime_top=0),
+        MeasureConfig(number=2, repeat=1),
+        work,
+    )
     trials = read_trials(work)
     assert len(trials) == 3 and out.trials == 3
     staged = [json.dumps(r[0], sort_keys=True) for r in json.loads((work / LIBRARY_SEEDS).read_text())["records"]]

@@ -3,11 +3,11 @@
 import pytest
 
 from vta_pipeline import steps
-from vta_pipeline.spaces import dense as dense_space
+from vta_pipeline.boards import BoardSpec
 from vta_pipeline.config import EvalConfig, MeasureConfig, ModelConfig, TuneConfig
 from vta_pipeline.errors import BoardError
 from vta_pipeline.extract import load_tasks
-from vta_pipeline.boards import BoardSpec
+from vta_pipeline.spaces import dense as dense_space
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +17,8 @@ def tuned(micronet, board, host_target, session_store):
     cfg = TuneConfig(trials_per_task=4, trials_per_batch=4)
     arts = [
         steps.tune_step(session_store, extracted, t, host_target, spec, cfg, MeasureConfig(number=2))
-        for t in load_tasks(extracted.path) if t.op == "conv2d"
+        for t in load_tasks(extracted.path)
+        if t.op == "conv2d"
     ]
     return arts
 
@@ -33,7 +34,9 @@ def test_pick_best_build_and_evaluate_on_the_board(micronet, tuned, board, host_
     assert lib_untuned.meta["scheduled_functions"] == 0
     assert (lib_tuned.id != lib_untuned.id) == (best.meta["records"] > 0)
     ev_cfg = EvalConfig(repeat=3)
-    ev = steps.evaluate_step(session_store, lib_tuned, fetched, host_target, (board.host, board.port), board.key, ev_cfg)
+    ev = steps.evaluate_step(
+        session_store, lib_tuned, fetched, host_target, (board.host, board.port), board.key, ev_cfg
+    )
     assert ev.meta["correct"] and ev.meta["cosine"] > 0.9999 and len(ev.meta["repeats"]) == 3
     assert ev.meta["mean_ms"] > 0 and ev.meta["board"].startswith(board.key)
 
@@ -42,20 +45,38 @@ def test_a_slow_build_is_timed_within_the_evaluation_time_budget(micronet, tuned
     """A build slower than max_seconds / repeat per run is timed fewer times, never fewer than 3."""
     fetched, extracted = micronet
     lib = steps.build_step(session_store, extracted, None, host_target)
-    tight = steps.evaluate_step(session_store, lib, fetched, host_target, (board.host, board.port), board.key,
-                                EvalConfig(repeat=50, max_seconds=1e-6))
-    roomy = steps.evaluate_step(session_store, lib, fetched, host_target, (board.host, board.port), board.key,
-                                EvalConfig(repeat=5, max_seconds=60))
+    tight = steps.evaluate_step(
+        session_store,
+        lib,
+        fetched,
+        host_target,
+        (board.host, board.port),
+        board.key,
+        EvalConfig(repeat=50, max_seconds=1e-6),
+    )
+    roomy = steps.evaluate_step(
+        session_store,
+        lib,
+        fetched,
+        host_target,
+        (board.host, board.port),
+        board.key,
+        EvalConfig(repeat=5, max_seconds=60),
+    )
     assert len(tight.meta["repeats"]) == 3 and len(roomy.meta["repeats"]) == 5
     assert tight.meta["correct"] and roomy.meta["correct"]
 
 
-def test_evaluate_on_a_key_without_boards_fails_fast_and_names_the_key(micronet, tuned, board, host_target, session_store):
+def test_evaluate_on_a_key_without_boards_fails_fast_and_names_the_key(
+    micronet, tuned, board, host_target, session_store
+):
     fetched, extracted = micronet
     lib = steps.build_step(session_store, extracted, None, host_target)
     with pytest.raises(BoardError, match="no board is registered under key 'nobody'"):
         steps.evaluate_step(session_store, lib, fetched, host_target, (board.host, board.port), "nobody", EvalConfig())
-    assert not session_store.find("evaluate") or all(a.meta["board"].startswith(board.key) for a in session_store.find("evaluate"))
+    assert not session_store.find("evaluate") or all(
+        a.meta["board"].startswith(board.key) for a in session_store.find("evaluate")
+    )
 
 
 def test_cache_keys_follow_content_and_config(session_store, micronet, host_target, monkeypatch):
@@ -76,8 +97,7 @@ def test_cache_keys_follow_content_and_config(session_store, micronet, host_targ
     assert steps.extract_key(session_store, fetched.id, host_target) == extracted.key
 
 
-def test_a_cached_tuning_named_by_another_network_is_reported_under_this_runs_name(micronet, tuned,
-                                                                                  session_store):
+def test_a_cached_tuning_named_by_another_network_is_reported_under_this_runs_name(micronet, tuned, session_store):
     """Tuning outcomes are stored by workload: another network (or another version of this
     one) that has the same workload under another name finds them cached. Its run reports
     them under its own task names and weights; a task tuned in two rounds counts both."""
@@ -102,5 +122,12 @@ def test_a_cached_tuning_named_by_another_network_is_reported_under_this_runs_na
     # the first task tuned again in a second round: its trials this run are both rounds'
     first = {**refs, "fused_elsewhere0": tuned[1].ref()}
     assert task_results(elsewhere, refs, first, summary)[0]["trials_this_run"] == own[0] + own[1]
-    assert "tuned_as" not in task_results(tasks, {t.name: a.ref() for t, a in zip(tasks, tuned)},
-                                          {t.name: a.ref() for t, a in zip(tasks, tuned)}, summary)[0]
+    assert (
+        "tuned_as"
+        not in task_results(
+            tasks,
+            {t.name: a.ref() for t, a in zip(tasks, tuned)},
+            {t.name: a.ref() for t, a in zip(tasks, tuned)},
+            summary,
+        )[0]
+    )

@@ -147,8 +147,9 @@ def test_a_cached_result_record_that_would_run_code_when_read_is_removed_unread(
     assert json.loads(record.read_text())["metadata"]["serializer"]["type"] == "json"  # written anew
 
 
-@pytest.mark.parametrize("name", ["state.json", "default.json", "retimed.json", "warm_start.json",
-                                  "library_seeds.json"])
+@pytest.mark.parametrize(
+    "name", ["state.json", "default.json", "retimed.json", "warm_start.json", "library_seeds.json"]
+)
 def test_a_torn_work_dir_note_is_set_aside_with_a_warning_and_derived_again(tmp_path, caplog, name):
     """What a power cut or a full disk can leave of a tuning work dir's notes: each reader takes it
     for absent (the trial log and the board give it again), names it, and keeps it for a look."""

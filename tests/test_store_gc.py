@@ -33,10 +33,20 @@ def _build(store: ArtifactStore, key: str, size: int = 4096):
 
 def _result(run_id: str, night: str, build_id: str, tuned_ms: float, correct: bool = True) -> dict:
     ev = {"mean_ms": tuned_ms, "median_ms": tuned_ms, "std_ms": 0.01, "correct": correct, "max_abs_err": 0.0}
-    return {"run_id": run_id, "night": night, "model": "micronet", "target": "host", "target_id": "t",
-            "board_key": "test", "seconds": 10.0, "finished": 1.7e9, "tasks": [], "config": {},
-            "untuned": dict(ev, mean_ms=9.0, evaluation_id=f"{run_id}-u", build_id=f"{build_id}-untuned"),
-            "tuned": dict(ev, evaluation_id=f"{run_id}-t", build_id=build_id)}
+    return {
+        "run_id": run_id,
+        "night": night,
+        "model": "micronet",
+        "target": "host",
+        "target_id": "t",
+        "board_key": "test",
+        "seconds": 10.0,
+        "finished": 1.7e9,
+        "tasks": [],
+        "config": {},
+        "untuned": dict(ev, mean_ms=9.0, evaluation_id=f"{run_id}-u", build_id=f"{build_id}-untuned"),
+        "tuned": dict(ev, evaluation_id=f"{run_id}-t", build_id=build_id),
+    }
 
 
 @pytest.fixture
@@ -48,8 +58,15 @@ def old_store(tmp_path):
     history.record_run(store.root, _result("r1", "2026-11-01", best.id, 1.0), [])
     history.record_run(store.root, _result("r2", "2026-11-02", other.id, 1.5), [])
     history.record_run(store.root, _result("r3", "2026-11-03", current.id, 1.2), [])
-    keep = guard.Verdict(regressed=False, tonight_ms=1.2, best_ms=1.0, best_night="2026-11-01", best_build_id=best.id,
-                         worse_pct=20.0, max_regression_pct=50.0)
+    keep = guard.Verdict(
+        regressed=False,
+        tonight_ms=1.2,
+        best_ms=1.0,
+        best_night="2026-11-01",
+        best_build_id=best.id,
+        worse_pct=20.0,
+        max_regression_pct=50.0,
+    )
     guard.promote(store, _result("r3", "2026-11-03", current.id, 1.2), keep)
     fetched = store.produce("fetch", "f", lambda out: (out / "module.json").write_text("{}"))
     trials = store.work_dir("tune", "host", "w1") / "trials.jsonl"
@@ -107,8 +124,7 @@ def test_a_nights_history_parts_are_merged_into_one_and_every_row_is_still_read(
     assert store_gc.collect(root, keep_days=0).compacted_parts == 3
     assert len(list(night.glob("*.parquet"))) == 1
     assert sorted((r["evaluation_id"], r["mean_ms"]) for r in history.evaluations(root)) == rows
-    assert history.record_run(root, _result("r0", "2026-11-05", "b0", 1.0), []) == {"measurements": 0,
-                                                                                    "evaluations": 0}
+    assert history.record_run(root, _result("r0", "2026-11-05", "b0", 1.0), []) == {"measurements": 0, "evaluations": 0}
 
 
 def test_gc_of_a_directory_that_is_no_store_says_so_and_the_cli_prints_what_went(old_store, tmp_path):
@@ -146,27 +162,54 @@ def small_fs(tmp_path):
     """A 48 MiB tmpfs, where the machine lets this process mount one (root, no seccomp veto)."""
     mnt = tmp_path / "fs"
     mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mnt)], capture_output=True,
-                          text=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mnt)], capture_output=True, text=True)
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip()}): "
-                    "test_the_disk_full_error_is_found_behind_what_prefect_and_tvm_reraise covers the message")
+        pytest.skip(
+            f"cannot mount a tmpfs here ({done.stderr.strip()}): "
+            "test_the_disk_full_error_is_found_behind_what_prefect_and_tvm_reraise covers the message"
+        )
     yield mnt
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def test_a_run_refuses_to_start_on_a_nearly_full_disk_naming_store_gc(small_fs):
-    out = CliRunner().invoke(app, ["run", "--model", "micronet", "--store", str(small_fs / "store"),
-                                   "--tracker", "127.0.0.1:9"])
+    out = CliRunner().invoke(
+        app, ["run", "--model", "micronet", "--store", str(small_fs / "store"), "--tracker", "127.0.0.1:9"]
+    )
     assert out.exit_code == 2 and "GiB free" in out.output and "store gc" in out.output, out.output
     assert not (small_fs / "store" / "steps").exists()  # nothing was started
 
 
 def _cmd(store: Path, key: str) -> list[str]:
-    return [sys.executable, "-m", "vta_pipeline.cli", "run", "--model", "micronet", "--source", "builtin",
-            "--key", key, "--trials-per-task", "4", "--trials-per-batch", "2", "--task-filter", "conv2d",
-            "--number", "2", "--timeout", "10", "--eval-repeat", "3", "--no-compare", "--store", str(store),
-            "--config", str(store.parent / "cfg.json")]
+    return [
+        sys.executable,
+        "-m",
+        "vta_pipeline.cli",
+        "run",
+        "--model",
+        "micronet",
+        "--source",
+        "builtin",
+        "--key",
+        key,
+        "--trials-per-task",
+        "4",
+        "--trials-per-batch",
+        "2",
+        "--task-filter",
+        "conv2d",
+        "--number",
+        "2",
+        "--timeout",
+        "10",
+        "--eval-repeat",
+        "3",
+        "--no-compare",
+        "--store",
+        str(store),
+        "--config",
+        str(store.parent / "cfg.json"),
+    ]
 
 
 def _trials(store: Path) -> dict[str, list[dict]]:
@@ -176,11 +219,13 @@ def _trials(store: Path) -> dict[str, list[dict]]:
 
 @pytest.mark.slow
 def test_a_disk_that_fills_mid_tuning_ends_the_run_with_one_message_and_the_rerun_finishes_with_nothing_lost(
-        small_fs, tmp_path):
+    small_fs, tmp_path
+):
     store = small_fs / "store"
     (small_fs / "cfg.json").write_text(json.dumps({"min_free_gib": 0}))
-    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"),
-               VTA_PIPELINE_BOARD_REGISTRY=str(tmp_path / "registry"))
+    env = dict(
+        os.environ, PREFECT_HOME=str(tmp_path / "prefect"), VTA_PIPELINE_BOARD_REGISTRY=str(tmp_path / "registry")
+    )
     proc = subprocess.Popen(_cmd(store, "full1"), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     filler = small_fs / "filler"
     try:
@@ -210,4 +255,4 @@ def test_a_disk_that_fills_mid_tuning_ends_the_run_with_one_message_and_the_reru
     for k, rows in _trials(store).items():
         assert [r["trial"] for r in rows] == list(range(len(rows)))  # no index reused, no row glued on
         assert len({r["schedule_hash"] for r in rows}) == len(rows) == 4  # none lost, none measured twice
-        assert [r["schedule_hash"] for r in rows[:len(measured.get(k, []))]] == measured.get(k, [])
+        assert [r["schedule_hash"] for r in rows[: len(measured.get(k, []))]] == measured.get(k, [])

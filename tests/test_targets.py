@@ -20,8 +20,12 @@ def test_raw_json_gets_num_cores_and_a_distinct_id():
 
 @pytest.mark.parametrize(
     "spec, needle",
-    [("hots", "Did you mean host"), ("{kind: llvm", "valid JSON"), ('{"mcpu": "x"}', '"kind"'),
-     ('{"kind": "nosuchkind"}', "TVM rejects")],
+    [
+        ("hots", "Did you mean host"),
+        ("{kind: llvm", "valid JSON"),
+        ('{"mcpu": "x"}', '"kind"'),
+        ('{"kind": "nosuchkind"}', "TVM rejects"),
+    ],
 )
 def test_bad_targets(spec, needle):
     with pytest.raises(ConfigError, match=needle):
@@ -46,10 +50,16 @@ def test_every_preset_is_a_target_tvm_accepts(name):
 def test_the_pynq_vta_preset_refuses_to_run_and_says_what_is_missing():
     from vta_pipeline.targets import get_preset, preset_defaults
 
-    for attempt in (lambda: get_preset("pynq-vta"), lambda: resolve_target("pynq-vta"),
-                    lambda: preset_defaults("pynq-vta")):
-        with pytest.raises(ConfigError, match=r"'pynq-vta' cannot run yet: it needs a Pynq-Z1 with a VTA bitstream "
-                                              r".*a driver on its ARM core.*simulator.*--target pynq-arm"):
+    for attempt in (
+        lambda: get_preset("pynq-vta"),
+        lambda: resolve_target("pynq-vta"),
+        lambda: preset_defaults("pynq-vta"),
+    ):
+        with pytest.raises(
+            ConfigError,
+            match=r"'pynq-vta' cannot run yet: it needs a Pynq-Z1 with a VTA bitstream "
+            r".*a driver on its ARM core.*simulator.*--target pynq-arm",
+        ):
             attempt()
 
 
@@ -143,8 +153,9 @@ def test_a_cross_target_needs_a_tracker_not_the_local_board():
 
     with pytest.raises(ConfigError, match="--tracker HOST:PORT.*'rk3399' boards"):
         steps.check_local_board(build_config(None, {"target": "rk3399-cpu"}), resolve_target("rk3399-cpu"))
-    steps.check_local_board(build_config(None, {"target": "rk3399-cpu", "board.tracker": "lab:9190"}),
-                            resolve_target("rk3399-cpu"))
+    steps.check_local_board(
+        build_config(None, {"target": "rk3399-cpu", "board.tracker": "lab:9190"}), resolve_target("rk3399-cpu")
+    )
     if steps.local_device_exists("cuda"):  # a GPU machine's own board can run it
         steps.check_local_board(build_config(None, {"target": "cuda"}), resolve_target("cuda"))
     else:  # here it cannot: refused before any work (tests/test_cli.py checks the message)
@@ -164,7 +175,8 @@ def test_vta_sim_runs_the_vta_path_on_the_simulator_board_and_refuses_without_it
     steps.check_target(cfg, t)
     with pytest.raises(ConfigError, match=r"target 'vta-sim' runs the network's packed int8 convs on VTA: add --vta"):
         steps.check_target(build_config(None, {"target": "vta-sim"}), t)
-    x86 = build_config(None, {"target": "vta-sim", "quantize.enabled": True, "pack.enabled": True,
-                              "pack.layout": "x86"})
+    x86 = build_config(
+        None, {"target": "vta-sim", "quantize.enabled": True, "pack.enabled": True, "pack.layout": "x86"}
+    )
     with pytest.raises(ConfigError, match=r"not --pack-layout x86"):
         steps.check_target(x86, t)

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from vta_pipeline import steps
+from vta_pipeline.boards import BoardSpec
 from vta_pipeline.config import MeasureConfig, TuneConfig
 from vta_pipeline.extract import load_tasks
-from vta_pipeline.boards import BoardSpec
 from vta_pipeline.trial_log import read_state, read_trials, task_work_dir
 from vta_pipeline.tuning import tune_task
 
@@ -26,8 +26,14 @@ def test_trials_are_measured_and_resume_continues_without_repeats(micronet, boar
     _, extracted = micronet
     task = _conv(extracted)
     work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
-    args = (extracted.path / task.file, task.name, task.flops, task.workload_hash,
-            host_target.target_json, _spec(board))
+    args = (
+        extracted.path / task.file,
+        task.name,
+        task.flops,
+        task.workload_hash,
+        host_target.target_json,
+        _spec(board),
+    )
 
     first = tune_task(*args, TuneConfig(trials_per_task=4, trials_per_batch=4), MEASURE, work)
     # Really measured on the board: latencies, not the old "0.00 GFLOPS" of failed builds.
@@ -58,10 +64,17 @@ def test_early_stopping_ends_a_task_before_its_budget(micronet, board, host_targ
     _, extracted = micronet
     task = _conv(extracted, 1)
     work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
-    out = tune_task(extracted.path / task.file, task.name, task.flops, task.workload_hash,
-                    host_target.target_json, _spec(board),
-                    TuneConfig(trials_per_task=64, trials_per_batch=2, early_stopping=1, search="replay-trace"),
-                    MEASURE, work)
+    out = tune_task(
+        extracted.path / task.file,
+        task.name,
+        task.flops,
+        task.workload_hash,
+        host_target.target_json,
+        _spec(board),
+        TuneConfig(trials_per_task=64, trials_per_batch=2, early_stopping=1, search="replay-trace"),
+        MEASURE,
+        work,
+    )
     assert out.stopped == "early-stopping" and out.trials < 64
 
 
@@ -79,17 +92,27 @@ def test_tune_step_is_an_artifact_reused_for_the_same_budget(micronet, board, ho
 
 
 def test_pick_best_keeps_the_default_lowering_when_tuning_did_not_beat_it(
-        micronet, board, host_target, session_store, tmp_path):
+    micronet, board, host_target, session_store, tmp_path
+):
     import shutil
 
     from vta_pipeline.records import open_db, pick_best
 
     _, extracted = micronet
-    a = steps.tune_step(session_store, extracted, _conv(extracted), host_target, _spec(board),
-                        TuneConfig(trials_per_task=4, trials_per_batch=4), MEASURE)
+    a = steps.tune_step(
+        session_store,
+        extracted,
+        _conv(extracted),
+        host_target,
+        _spec(board),
+        TuneConfig(trials_per_task=4, trials_per_batch=4),
+        MEASURE,
+    )
     summary = json.loads(a.file("summary.json").read_text())
-    for default_ms, records, uses in ((summary["best_latency_ms"] * 2, 1, "tuned"),
-                                      (summary["best_latency_ms"] / 2, 0, "default")):
+    for default_ms, records, uses in (
+        (summary["best_latency_ms"] * 2, 1, "tuned"),
+        (summary["best_latency_ms"] / 2, 0, "default"),
+    ):
         task_dir = tmp_path / f"task-{uses}"
         shutil.copytree(a.path, task_dir)
         (task_dir / "summary.json").write_text(json.dumps(dict(summary, default_ms=default_ms)))
@@ -101,7 +124,8 @@ def test_pick_best_keeps_the_default_lowering_when_tuning_did_not_beat_it(
 
 
 def test_the_best_records_are_retimed_in_turn_and_pick_best_builds_with_the_fastest(
-        micronet, board, host_target, session_store, tmp_path):
+    micronet, board, host_target, session_store, tmp_path
+):
     """One measurement per candidate while tuning, minutes apart, ranks them by their minute
     too: after the search the task's best records are measured again in turn, and the
     network is built with the fastest of that."""
@@ -148,8 +172,17 @@ def test_the_best_records_are_retimed_in_turn_and_pick_best_builds_with_the_fast
     # A finished task with the same records is not re-timed again.
     work = steps.tune_work_dir(session_store, task, host_target, board.key, cfg.session)
     before = (work / retime.RETIMED).read_text()
-    again = tune_task(extracted.path / task.file, task.name, task.flops, task.workload_hash,
-                      host_target.target_json, _spec(board), cfg, MEASURE, work)
+    again = tune_task(
+        extracted.path / task.file,
+        task.name,
+        task.flops,
+        task.workload_hash,
+        host_target.target_json,
+        _spec(board),
+        cfg,
+        MEASURE,
+        work,
+    )
     assert again.trials_this_run == 0 and (work / retime.RETIMED).read_text() == before
 
     # Asked to re-time with flushed caches (auto is flushed on this x86 host), the finished task
@@ -157,12 +190,25 @@ def test_the_best_records_are_retimed_in_turn_and_pick_best_builds_with_the_fast
     # (retime.retime_measure); the default re-time was warm, as the search measures.
     assert json.loads(before)["caches"] == "warm" and summary["retimed"]["caches"] == "warm"
     assert retime.retime_measure(MEASURE, "flushed").model_dump() == dict(
-        MEASURE.model_dump(), number=1, min_repeat_ms=0, repeat=max(MEASURE.repeat, retime.FLUSHED_REPEATS),
-        enable_cpu_cache_flush=True)
+        MEASURE.model_dump(),
+        number=1,
+        min_repeat_ms=0,
+        repeat=max(MEASURE.repeat, retime.FLUSHED_REPEATS),
+        enable_cpu_cache_flush=True,
+    )
     assert retime.retime_measure(MEASURE, "warm") == MEASURE
     auto_cfg = cfg.model_copy(update={"retime_caches": "auto"})
-    tune_task(extracted.path / task.file, task.name, task.flops, task.workload_hash, host_target.target_json,
-              _spec(board), auto_cfg, MEASURE, work)
+    tune_task(
+        extracted.path / task.file,
+        task.name,
+        task.flops,
+        task.workload_hash,
+        host_target.target_json,
+        _spec(board),
+        auto_cfg,
+        MEASURE,
+        work,
+    )
     flushed = json.loads((work / retime.RETIMED).read_text())
     assert flushed["caches"] == "flushed" and all(len(c["retimed_ms"]) == 2 for c in flushed["candidates"])
     before = (work / retime.RETIMED).read_text()
@@ -171,18 +217,35 @@ def test_the_best_records_are_retimed_in_turn_and_pick_best_builds_with_the_fast
     # best that close, there is nothing to choose between (and the last re-time stays).
     import tvm
 
-    assert retime.retime_top(work, task.name, tvm.ir.load_json((extracted.path / task.file).read_text()),
-                             tvm.target.Target(host_target.target_json), _spec(board), MEASURE, 3, 2, 1.0 + 1e-9,
-                             120.0, caches="flushed") is None
+    assert (
+        retime.retime_top(
+            work,
+            task.name,
+            tvm.ir.load_json((extracted.path / task.file).read_text()),
+            tvm.target.Target(host_target.target_json),
+            _spec(board),
+            MEASURE,
+            3,
+            2,
+            1.0 + 1e-9,
+            120.0,
+            caches="flushed",
+        )
+        is None
+    )
     assert (work / retime.RETIMED).read_text() == before
 
 
-@pytest.mark.parametrize("target, caches", [
-    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver3"}, "flushed"),
-    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu"}, "flushed"),
-    ({"kind": "llvm", "mtriple": "armv7a-linux-gnueabihf", "mattr": ["+neon"]}, "warm"),  # TVM's flush: a no-op
-    ("cuda", "warm"), ("opencl", "warm"),
-])
+@pytest.mark.parametrize(
+    "target, caches",
+    [
+        ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver3"}, "flushed"),
+        ({"kind": "llvm", "mtriple": "aarch64-linux-gnu"}, "flushed"),
+        ({"kind": "llvm", "mtriple": "armv7a-linux-gnueabihf", "mattr": ["+neon"]}, "warm"),  # TVM's flush: a no-op
+        ("cuda", "warm"),
+        ("opencl", "warm"),
+    ],
+)
 def test_auto_retimes_with_flushed_caches_on_the_cpus_tvm_can_flush(target, caches):
     import tvm
 
@@ -192,8 +255,9 @@ def test_auto_retimes_with_flushed_caches_on_the_cpus_tvm_can_flush(target, cach
     assert retime.resolve_caches("warm", tvm.target.Target(target)) == "warm"
 
 
-@pytest.mark.parametrize("target, measured", [("llvm", True), ("c", True), ("cuda", True), ("opencl", True),
-                                              ("hexagon", False)])
+@pytest.mark.parametrize(
+    "target, measured", [("llvm", True), ("c", True), ("cuda", True), ("opencl", True), ("hexagon", False)]
+)
 def test_a_tasks_default_lowering_is_measured_where_the_build_has_one(target, measured):
     """CPUs compile a task without a record as it is; GPUs through TVM's default GPU
     schedules. Both are measured, so that a task's few trials never make it slower."""

@@ -53,8 +53,11 @@ class Rack:
         return cf.wait(futures, timeout=timeout, return_when=cf.FIRST_COMPLETED).not_done
 
     def summary(self, ref: dict) -> dict:
-        return {"best_latency_ms": self.latency_ms[ref["task"]], "default_ms": None,
-                "stopped": self.stopped.get(ref["task"], "budget")}
+        return {
+            "best_latency_ms": self.latency_ms[ref["task"]],
+            "default_ms": None,
+            "stopped": self.stopped.get(ref["task"], "budget"),
+        }
 
 
 def run(rounds: TuningRounds, rack: Rack, **kw) -> dict:
@@ -99,8 +102,8 @@ def test_latency_steering_gives_the_second_round_to_where_the_network_spends_its
     rounds = TuningRounds(TASKS, 8, "latency", in_flight=2)
     refs = run(rounds, rack)
     first = allocation.first_round(8)
-    assert sorted(rack.calls[:len(TASKS)]) == sorted((t.name, first) for t in TASKS)  # round one: all, half budget
-    second = dict(rack.calls[len(TASKS):])
+    assert sorted(rack.calls[: len(TASKS)]) == sorted((t.name, first) for t in TASKS)  # round one: all, half budget
+    second = dict(rack.calls[len(TASKS) :])
     assert set(second) == set(rounds.second_round) and "conv_a" in second  # the costliest task tunes on
     assert "pool" not in second  # a task the network barely spends time in does not
     assert rounds.budgets["conv_a"] > rounds.budgets["conv_b"] > rounds.budgets["pool"]

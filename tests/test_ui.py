@@ -28,7 +28,6 @@ from pathlib import Path
 from uuid import UUID
 
 import pytest
-
 from conftest import OUTPUTS
 from prefect_server import PrefectServer
 
@@ -38,9 +37,17 @@ SHOTS = OUTPUTS / "ui"
 CHROMIUM = os.environ.get("VTA_PIPELINE_CHROMIUM", "/usr/bin/chromium")
 # Root in a container, no network: no sandbox, no GPU, nothing phoning home. (Playwright
 # gives every launch a fresh temporary profile; it refuses --user-data-dir in launch().)
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 UI_TIMEOUT_MS = 60_000
 UIS = {"v1": "", "v2": "/v2"}  # path prefix of each UI
 
@@ -153,8 +160,9 @@ def expect_png_rendered(page, min_width: int = 1):
 
     imgs = page.locator('img[src^="data:image/png;base64,"]')
     expect(imgs.first).to_be_visible()
-    page.wait_for_function("sel => [...document.querySelectorAll(sel)].every(el => el.complete)",
-                           arg='img[src^="data:image/png;base64,"]')
+    page.wait_for_function(
+        "sel => [...document.querySelectorAll(sel)].every(el => el.complete)", arg='img[src^="data:image/png;base64,"]'
+    )
     sizes = imgs.evaluate_all("els => els.map(el => [el.naturalWidth, el.naturalHeight])")
     assert all(w >= min_width and h > 0 for w, h in sizes), f"data-URI image(s) not decoded: natural sizes {sizes}"
     return imgs.first, sizes[0]
@@ -165,7 +173,8 @@ def _artifact_ids(server: PrefectServer, flow_run_id: str) -> dict[str, str]:
 
     with server.client() as client:
         arts = client.read_artifacts(
-            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(flow_run_id)])))
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(flow_run_id)]))
+        )
     return {a.key: str(a.id) for a in arts if a.key}
 
 
@@ -176,8 +185,12 @@ def _png(width: int, height: int, rgb=(200, 30, 30)) -> bytes:
     def chunk(tag: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
 
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )
 
 
 # ---- tests ---------------------------------------------------------------------------------------
@@ -238,14 +251,18 @@ def test_run_page_shows_tuning_tasks_table_and_curves(browser, prefect_server, t
 def test_markdown_artifact_data_uri_image_renders(browser, prefect_server, ui):
     """The mechanism the report relies on, without a tuning run: a markdown artifact with a
     `![alt](data:image/png;base64,...)` image is shown as a decoded <img> on its page."""
-    from prefect.client.schemas.actions import ArtifactCreate
     from playwright.sync_api import expect
+    from prefect.client.schemas.actions import ArtifactCreate
 
     png = base64.b64encode(_png(40, 20)).decode()
     with prefect_server.client() as client:
-        art = client.create_artifact(ArtifactCreate(
-            key=f"data-uri-probe-{ui}", type="markdown",
-            data=f"# data-URI probe\n\n![probe plot](data:image/png;base64,{png})\n\nbelow the image"))
+        art = client.create_artifact(
+            ArtifactCreate(
+                key=f"data-uri-probe-{ui}",
+                type="markdown",
+                data=f"# data-URI probe\n\n![probe plot](data:image/png;base64,{png})\n\nbelow the image",
+            )
+        )
     with _Page(browser, f"{ui}-data-uri-probe") as page:
         page.goto(f"{prefect_server.ui_url}{UIS[ui]}/artifacts/artifact/{art.id}")
         expect(page.get_by_text("below the image").first).to_be_visible()

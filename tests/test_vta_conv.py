@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from vta_pipeline.vta import conv
-from vta_pipeline.vta.conv import ConvWorkload, Epilogue, Knobs, KnobError
+from vta_pipeline.vta.conv import ConvWorkload, Epilogue, KnobError, Knobs
 from vta_pipeline.vta.simulator import CycleModel, Dram, Simulator
 from vta_pipeline.vta_config import VTAConfig
 
@@ -37,9 +37,12 @@ def tensors(wl: ConvWorkload, seed: int = 0) -> dict[str, np.ndarray]:
     def i8(*shape):
         return rng.integers(-127, 128, shape).astype(np.int8)
 
-    return {"data": i8(1, cib, wl.height, wl.width, 1, 16), "kernel": i8(cob, cib, wl.kh, wl.kw, 16, 16),
-            "bias": rng.integers(-4000, 4000, (1, cob, 1, 1, 1, 16)).astype(np.int32),
-            "residual": i8(1, cob, wl.out_height, wl.out_width, 1, 16)}
+    return {
+        "data": i8(1, cib, wl.height, wl.width, 1, 16),
+        "kernel": i8(cob, cib, wl.kh, wl.kw, 16, 16),
+        "bias": rng.integers(-4000, 4000, (1, cob, 1, 1, 1, 16)).astype(np.int32),
+        "residual": i8(1, cob, wl.out_height, wl.out_width, 1, 16),
+    }
 
 
 def simulate(wl: ConvWorkload, k: Knobs, epi: Epilogue = EPILOGUE, seed: int = 0):
@@ -80,8 +83,11 @@ def test_the_untuned_config_is_autotvms_fallback_and_also_exact():
 def test_an_epilogue_without_bias_or_residual_a_left_shifted_residual_and_a_second_rounding_shift():
     wl = ConvWorkload(1, 14, 14, 32, 32, 1, 1, 0, 0, 1, 1)
     k = Knobs(1, 7, 14, 2, 1, 1, 2)
-    for epi in (Epilogue(bias=False, shift=4, round_add=8), Epilogue(residual_shift=-2, shift=6, round_add=32),
-                Epilogue(residual_shift=6, shift=6, round_add=32, post_round_add=2, post_shift=2, clip_min=0)):
+    for epi in (
+        Epilogue(bias=False, shift=4, round_add=8),
+        Epilogue(residual_shift=-2, shift=6, round_add=32),
+        Epilogue(residual_shift=6, shift=6, round_add=32, post_round_add=2, post_shift=2, clip_min=0),
+    ):
         out, _, ref = simulate(wl, k, epi)
         assert np.array_equal(out, ref), epi
 
@@ -94,8 +100,11 @@ def test_the_knob_space_holds_only_configs_that_fit_vtas_buffers():
         threads = k.h_nthread * k.oc_nthread
         assert k.tile_ci * ((k.tile_h - 1) + 3) * ((k.tile_w - 1) + 3) * threads <= 2048  # input buffer
         assert k.tile_co * k.tile_ci * 9 * threads <= 1024  # weights
-    with pytest.raises(KnobError, match=r"the input tiles need \d+ entries \(2 thread\(s\)\), more than the input "
-                                        r"buffer's 2048"):
+    with pytest.raises(
+        KnobError,
+        match=r"the input tiles need \d+ entries \(2 thread\(s\)\), more than the input "
+        r"buffer's 2048",
+    ):
         conv.check(wl, Knobs(1, 28, 56, 1, 1, 2, 1), EPILOGUE, CFG)
     with pytest.raises(KnobError, match=r"tile_w: 5 \(with its threads\) does not divide the extent 56"):
         conv.check(wl, Knobs(1, 1, 5, 1, 1, 1, 1), EPILOGUE, CFG)

@@ -19,21 +19,50 @@ PYNQ = Layout.of(VTAConfig())
 def test_the_pynq_configs_fields_sit_where_vtas_hardware_spec_puts_them():
     assert (PYNQ.uop_depth_log, PYNQ.inp_depth_log, PYNQ.wgt_depth_log, PYNQ.acc_depth_log) == (13, 11, 10, 11)
     # GEMM: word 0 holds the loops, bit 63 is padding, word 1 is exactly the six factors
-    assert PYNQ.gemm == {"opcode": (0, 3), "pop_prev": (3, 1), "pop_next": (4, 1), "push_prev": (5, 1),
-                         "push_next": (6, 1), "reset": (7, 1), "uop_bgn": (8, 13), "uop_end": (21, 14),
-                         "iter_out": (35, 14), "iter_in": (49, 14), "dst_factor_out": (64, 11),
-                         "dst_factor_in": (75, 11), "src_factor_out": (86, 11), "src_factor_in": (97, 11),
-                         "wgt_factor_out": (108, 10), "wgt_factor_in": (118, 10)}
+    assert PYNQ.gemm == {
+        "opcode": (0, 3),
+        "pop_prev": (3, 1),
+        "pop_next": (4, 1),
+        "push_prev": (5, 1),
+        "push_next": (6, 1),
+        "reset": (7, 1),
+        "uop_bgn": (8, 13),
+        "uop_end": (21, 14),
+        "iter_out": (35, 14),
+        "iter_in": (49, 14),
+        "dst_factor_out": (64, 11),
+        "dst_factor_in": (75, 11),
+        "src_factor_out": (86, 11),
+        "src_factor_in": (97, 11),
+        "wgt_factor_out": (108, 10),
+        "wgt_factor_in": (118, 10),
+    }
     assert {k: PYNQ.alu[k] for k in ("src_factor_in", "alu_opcode", "use_imm", "imm")} == {
-        "src_factor_in": (97, 11), "alu_opcode": (108, 3), "use_imm": (111, 1), "imm": (112, 16)}
+        "src_factor_in": (97, 11),
+        "alu_opcode": (108, 3),
+        "use_imm": (111, 1),
+        "imm": (112, 16),
+    }
     # LOAD/STORE: y_size would straddle the words, so it starts word 1 (bits 58-63 are padding)
     assert PYNQ.mem["dram_base"] == (26, 32) and PYNQ.mem["y_size"] == (64, 16) and PYNQ.mem["x_pad_1"] == (124, 4)
     assert PYNQ.uop == {"dst": (0, 11), "src": (11, 11), "wgt": (22, 10)}
 
 
 def test_a_load_encodes_to_the_bytes_written_out_by_hand():
-    load = MemInsn(Opcode.LOAD, Mem.INP, sram_base=5, dram_base=0x1234, y_size=7, x_size=9, x_stride=56,
-                   y_pad_0=1, y_pad_1=2, x_pad_0=3, x_pad_1=15, deps=Deps(pop_next=True, push_next=True))
+    load = MemInsn(
+        Opcode.LOAD,
+        Mem.INP,
+        sram_base=5,
+        dram_base=0x1234,
+        y_size=7,
+        x_size=9,
+        x_stride=56,
+        y_pad_0=1,
+        y_pad_1=2,
+        x_pad_0=3,
+        x_pad_1=15,
+        deps=Deps(pop_next=True, push_next=True),
+    )
     word0 = 0 | 1 << 4 | 1 << 6 | 2 << 7 | 5 << 10 | 0x1234 << 26
     word1 = 7 | 9 << 16 | 56 << 32 | 1 << 48 | 2 << 52 | 3 << 56 | 15 << 60
     assert isa.encode(load, PYNQ) == word0.to_bytes(8, "little") + word1.to_bytes(8, "little")
@@ -48,12 +77,16 @@ def _random(kind, rng, layout):
         if f.name in ("deps", "opcode"):
             continue
         width = spec[f.name][1]
-        vals[f.name] = int(rng.integers(-(1 << (width - 1)), 1 << (width - 1))) if f.name == "imm" \
+        vals[f.name] = (
+            int(rng.integers(-(1 << (width - 1)), 1 << (width - 1)))
+            if f.name == "imm"
             else int(rng.integers(0, 1 << width))
+        )
     deps = Deps(*(bool(b) for b in rng.integers(0, 2, 4)))
     if kind is MemInsn:
-        return MemInsn(Opcode(int(rng.integers(0, 2))), **{**vals, "memory_type": Mem(vals["memory_type"] % 6)},
-                       deps=deps)
+        return MemInsn(
+            Opcode(int(rng.integers(0, 2))), **{**vals, "memory_type": Mem(vals["memory_type"] % 6)}, deps=deps
+        )
     if kind is AluInsn:
         vals["alu_opcode"] = AluOp(vals["alu_opcode"] % 5)
     return kind(**{k: bool(v) if k in ("reset", "use_imm") else v for k, v in vals.items()}, deps=deps)
@@ -62,8 +95,9 @@ def _random(kind, rng, layout):
 @pytest.mark.parametrize("kind", [MemInsn, GemmInsn, AluInsn, FinishInsn])
 def test_every_instruction_round_trips_through_its_16_bytes(kind):
     rng = np.random.default_rng(0)
-    small = Layout.of(VTAConfig(LOG_BLOCK=3, LOG_UOP_BUFF_SIZE=12, LOG_INP_BUFF_SIZE=14, LOG_WGT_BUFF_SIZE=16,
-                                LOG_ACC_BUFF_SIZE=15))  # other widths: 10, 11, 10, 10 bits
+    small = Layout.of(
+        VTAConfig(LOG_BLOCK=3, LOG_UOP_BUFF_SIZE=12, LOG_INP_BUFF_SIZE=14, LOG_WGT_BUFF_SIZE=16, LOG_ACC_BUFF_SIZE=15)
+    )  # other widths: 10, 11, 10, 10 bits
     for layout in (PYNQ, small):
         insns = [_random(kind, rng, layout) for _ in range(200)]
         raw = isa.encode_stream(insns, layout)

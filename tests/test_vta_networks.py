@@ -35,8 +35,11 @@ RESNET18_VTA_WORKLOADS = {
 NETWORKS = {
     "torchvision/resnet18": {},
     "gluon/resnet18_v1": {},
-    "torchvision/mobilenet_v2": {"pack.start_name": "nn.conv2d", "pack.start_name_idx": 9,
-                                 "quantize.calibrate_mode": "max"},
+    "torchvision/mobilenet_v2": {
+        "pack.start_name": "nn.conv2d",
+        "pack.start_name_idx": 9,
+        "quantize.calibrate_mode": "max",
+    },
     "torchvision/inception_v3": {"quantize.calibrate_mode": "max"},
 }
 
@@ -59,7 +62,10 @@ def test_network_quantizes_packs_and_yields_packed_conv2d_tasks(net, tmp_path, h
     print(f"{net}: int8 (emulated) vs float: {vs_float}")
     assert vs_float["cosine"] > 0.999
     assert packed.meta["packed_ops"] > 20
-    assert "packed_conv2d" in (packed.path / "packed.py").read_text() or "NCHW1n16c" in (packed.path / "packed.py").read_text()
+    assert (
+        "packed_conv2d" in (packed.path / "packed.py").read_text()
+        or "NCHW1n16c" in (packed.path / "packed.py").read_text()
+    )
     tasks = select_tasks(load_tasks(steps.extract_step(store, packed, host_target).path), "auto")
     assert tasks and all(t.op.startswith("packed_") for t in tasks)
     workloads = {tuple(t.workload) for t in tasks}

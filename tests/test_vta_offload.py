@@ -33,8 +33,16 @@ def _big_tiles(wl: ConvWorkload, epi: Epilogue) -> Knobs:
 def tinynet_packed(tmp_path_factory):
     """tinynet quantized and packed as `--vta` does: its module and its input."""
     root = tmp_path_factory.mktemp("store")
-    cfg = build_config(None, {"model.source": "builtin", "model.name": "tinynet", "quantize.enabled": True,
-                              "pack.enabled": True, "store": str(root)})
+    cfg = build_config(
+        None,
+        {
+            "model.source": "builtin",
+            "model.name": "tinynet",
+            "quantize.enabled": True,
+            "pack.enabled": True,
+            "store": str(root),
+        },
+    )
     packed = steps.prepare_model(ArtifactStore(root), cfg)
     mod = tvm.ir.load_json((packed.path / "module.json").read_text())
     return mod, np.load(packed.path / "reference.npz")["input"]
@@ -68,8 +76,11 @@ def test_tinynets_packed_convs_run_on_vta_and_the_output_is_bit_exact_with_the_c
     # the cycles of a network's call are those the tuner measures for the same config
     for c in on_vta:
         (m,) = local_measure(c.workload, c.epilogue, CFG)([c.knobs])
-        (hit,) = [k for k in counted if k["spec"]["workload"] == c.workload.__dict__
-                  and k["spec"]["epilogue"] == c.epilogue.__dict__]
+        (hit,) = [
+            k
+            for k in counted
+            if k["spec"]["workload"] == c.workload.__dict__ and k["spec"]["epilogue"] == c.epilogue.__dict__
+        ]
         assert hit["cycles"] == m.cycles > 0
 
 
@@ -80,9 +91,16 @@ def _chain(relu_before_residual: bool = False, second_reader: bool = False) -> t
     x = relax.Var("x", relax.TensorType([1, 1, 8, 8, 1, 16], "int8"))
     with bb.function("main", [x]):
         with bb.dataflow():
-            acc = bb.emit(relax.op.nn.conv2d(x, relax.const(rng.integers(-8, 8, (1, 1, 3, 3, 16, 16)).astype("int8")),
-                                             padding=[1, 1], data_layout="NCHW1n16c", kernel_layout="OIHW16o16i",
-                                             out_dtype="int32"))
+            acc = bb.emit(
+                relax.op.nn.conv2d(
+                    x,
+                    relax.const(rng.integers(-8, 8, (1, 1, 3, 3, 16, 16)).astype("int8")),
+                    padding=[1, 1],
+                    data_layout="NCHW1n16c",
+                    kernel_layout="OIHW16o16i",
+                    out_dtype="int32",
+                )
+            )
             v = bb.emit(relax.op.add(acc, relax.const(rng.integers(-99, 99, (1, 1, 1, 1, 1, 16)).astype("int32"))))
             if relu_before_residual:
                 v = bb.emit(relax.op.nn.relu(v))
@@ -107,8 +125,9 @@ def test_a_conv_is_left_on_the_cpu_when_its_epilogue_is_not_vtas_and_the_reason_
 def test_a_hand_built_chain_is_offloaded_with_its_residual_and_stays_bit_exact():
     mod = _chain()
     offloaded, (conv,) = offload_convs(mod, CFG, _big_tiles)
-    assert conv.on_vta and conv.epilogue == Epilogue(bias=True, residual_shift=3, round_add=4, shift=3,
-                                                     clip_min=-127, clip_max=127)
+    assert conv.on_vta and conv.epilogue == Epilogue(
+        bias=True, residual_shift=3, round_add=4, shift=3, clip_min=-127, clip_max=127
+    )
     runtime.register()
     x = np.random.default_rng(1).integers(-128, 128, (1, 1, 8, 8, 1, 16)).astype("int8")
     assert np.array_equal(_run_local(offloaded, x), _run_local(mod, x))
@@ -124,8 +143,9 @@ def test_an_offloaded_network_runs_on_a_vta_sim_board_behind_the_tracker(tinynet
     offloaded, report = offload_convs(mod, CFG, _big_tiles)
     lib = tmp_path / "net.so"
     tvm.compile(lower_for_tuning(offloaded), target="llvm").export_library(str(lib))
-    with LocalBoard(key="vta-sim", server_module="vta_pipeline.vta.rpc_server", threads=1,
-                    registry=tmp_path / "boards.json") as board:
+    with LocalBoard(
+        key="vta-sim", server_module="vta_pipeline.vta.rpc_server", threads=1, registry=tmp_path / "boards.json"
+    ) as board:
         remote = rpc.connect_tracker(board.host, board.port).request("vta-sim", session_timeout=300)
         remote.upload(str(lib))
         vm = relax.VirtualMachine(remote.load_module(lib.name), remote.cpu(0))
@@ -177,8 +197,17 @@ def test_every_packed_conv_of_resnet18_runs_on_vta_and_the_network_is_bit_exact(
     the recipe's ten workloads (three of them also as a block's second conv, with its residual)
     and the downsampling 1x1 convs; the network's output is the CPU build's, bit for bit."""
     root = tmp_path / "store"
-    cfg = build_config(None, {"model.source": "torchvision", "model.name": "resnet18", "quantize.enabled": True,
-                              "pack.enabled": True, "target": "vta-sim", "store": str(root)})
+    cfg = build_config(
+        None,
+        {
+            "model.source": "torchvision",
+            "model.name": "resnet18",
+            "quantize.enabled": True,
+            "pack.enabled": True,
+            "target": "vta-sim",
+            "store": str(root),
+        },
+    )
     assert cfg.quantize.dtype_activation == "int8"
     packed = steps.prepare_model(ArtifactStore(root), cfg)
     mod = tvm.ir.load_json((packed.path / "module.json").read_text())

@@ -16,8 +16,17 @@ LAYOUT = isa.Layout.of(CFG)
 PUSH_L2G, POP_L2G = Deps(push_next=True), Deps(pop_prev=True)
 
 
-def load(mem: Mem, sram: int, addr: int, elem_bytes: int, y: int, x: int, stride: int | None = None, deps=Deps(),
-         pads=(0, 0, 0, 0)) -> MemInsn:
+def load(
+    mem: Mem,
+    sram: int,
+    addr: int,
+    elem_bytes: int,
+    y: int,
+    x: int,
+    stride: int | None = None,
+    deps=Deps(),
+    pads=(0, 0, 0, 0),
+) -> MemInsn:
     """A LOAD of a y x x tile from byte address `addr` (element-aligned)."""
     assert addr % elem_bytes == 0
     return MemInsn(Opcode.LOAD, mem, sram, addr // elem_bytes, y, x, stride or x, *pads, deps=deps)
@@ -88,13 +97,16 @@ def test_the_same_stream_runs_from_its_encoded_bytes():
     assert np.array_equal(dram2.get(out2, np.int8, (4, 16)), first)
 
 
-@pytest.mark.parametrize("op, imm, expect", [
-    (AluOp.MIN, 100, lambda x: np.minimum(x, 100)),
-    (AluOp.MAX, -5, lambda x: np.maximum(x, -5)),
-    (AluOp.ADD, 7, lambda x: x + 7),
-    (AluOp.SHR, 3, lambda x: x >> 3),  # arithmetic
-    (AluOp.SHR, -2, lambda x: x << 2),  # a negative amount shifts left
-])
+@pytest.mark.parametrize(
+    "op, imm, expect",
+    [
+        (AluOp.MIN, 100, lambda x: np.minimum(x, 100)),
+        (AluOp.MAX, -5, lambda x: np.maximum(x, -5)),
+        (AluOp.ADD, 7, lambda x: x + 7),
+        (AluOp.SHR, 3, lambda x: x >> 3),  # arithmetic
+        (AluOp.SHR, -2, lambda x: x << 2),  # a negative amount shifts left
+    ],
+)
 def test_alu_ops_with_an_immediate(op, imm, expect):
     dram = Dram()
     alu = [AluInsn(op, 0, 1, 8, 1, dst_factor_out=1, src_factor_out=1, use_imm=True, imm=imm)]
@@ -109,11 +121,13 @@ def test_an_alu_op_between_accumulators_and_the_requantize_that_clamps_before_th
     # acc[i] = max(acc[i], acc[i + 4]) for i < 4, then VTA's requantize: shift, clamp to [-127, 127]
     dram = Dram()
     ua, nu = uops(dram, [0], [4], [0])
-    alu = [load(Mem.UOP, 1, ua, 4, 1, nu),
-           AluInsn(AluOp.MAX, 1, 2, 4, 1, dst_factor_out=1, src_factor_out=1),
-           AluInsn(AluOp.SHR, 0, 1, 8, 1, dst_factor_out=1, src_factor_out=1, use_imm=True, imm=4),
-           AluInsn(AluOp.MIN, 0, 1, 8, 1, dst_factor_out=1, src_factor_out=1, use_imm=True, imm=127),
-           AluInsn(AluOp.MAX, 0, 1, 8, 1, dst_factor_out=1, src_factor_out=1, use_imm=True, imm=-127)]
+    alu = [
+        load(Mem.UOP, 1, ua, 4, 1, nu),
+        AluInsn(AluOp.MAX, 1, 2, 4, 1, dst_factor_out=1, src_factor_out=1),
+        AluInsn(AluOp.SHR, 0, 1, 8, 1, dst_factor_out=1, src_factor_out=1, use_imm=True, imm=4),
+        AluInsn(AluOp.MIN, 0, 1, 8, 1, dst_factor_out=1, src_factor_out=1, use_imm=True, imm=127),
+        AluInsn(AluOp.MAX, 0, 1, 8, 1, dst_factor_out=1, src_factor_out=1, use_imm=True, imm=-127),
+    ]
     stream, out, a, w = matmul_stream(dram, 8, alu)
     Simulator(CFG).run(_sync_store(stream), dram)
     acc = a[:, 0].astype(np.int64) @ w[0].astype(np.int64).T
@@ -132,7 +146,7 @@ def test_a_load_pads_the_tile_with_zeros_around_it():
     expect = np.zeros((5, 4, 16), np.int8)
     expect[1:3, 1:4] = x[:, :, 0]
     assert np.array_equal(block, expect)
-    assert sim.valid["inp"][: 20].all() and not sim.valid["inp"][20:].any()
+    assert sim.valid["inp"][:20].all() and not sim.valid["inp"][20:].any()
 
 
 def test_a_strided_load_reads_rows_x_stride_apart():
@@ -206,13 +220,18 @@ def _tiles(threads: int, tiles: int = 6, n: int = 64):
     ua, nu = uops(dram, [t * n for t in range(tiles)], [(t % threads) * n for t in range(tiles)], [0] * tiles)
     s = [load(Mem.WGT, 0, wa, 256, 1, 1, deps=PUSH_L2G), load(Mem.UOP, 0, ua, 4, 1, nu, deps=POP_L2G)]
     for t in range(tiles):
-        s.append(load(Mem.INP, (t % threads) * n, ia + t * n * 16, 16, 1, n,
-                      deps=Deps(pop_next=t >= threads, push_next=True)))
+        s.append(
+            load(
+                Mem.INP, (t % threads) * n, ia + t * n * 16, 16, 1, n, deps=Deps(pop_next=t >= threads, push_next=True)
+            )
+        )
         s.append(GemmInsn(t, t + 1, n, 1, dst_factor_out=1, src_factor_out=1, reset=True, deps=POP_L2G))
         s.append(GemmInsn(t, t + 1, n, 1, dst_factor_out=1, src_factor_out=1, deps=Deps(push_prev=True)))
     drain = min(threads, tiles)  # the last GEMMs' tokens: popped by load NOPs, the last handing over to FINISH
-    s += [MemInsn(Opcode.LOAD, Mem.INP, 0, 0, 0, 0, 0, deps=Deps(pop_next=True, push_next=k == drain - 1))
-          for k in range(drain)]
+    s += [
+        MemInsn(Opcode.LOAD, Mem.INP, 0, 0, 0, 0, 0, deps=Deps(pop_next=True, push_next=k == drain - 1))
+        for k in range(drain)
+    ]
     s.append(FinishInsn(deps=POP_L2G))
     sim = Simulator(CFG)
     stats = sim.run(s, dram)

@@ -96,7 +96,8 @@ def test_a_vta_sim_board_behind_a_tracker_measures_what_the_local_simulator_does
     from vta_pipeline.vta.remote import board_measure
 
     configs = knob_space(WL, CFG, EPI)[:3]
-    with LocalBoard(key="vta-sim", server_module="vta_pipeline.vta.rpc_server", threads=1,
-                    registry=tmp_path / "boards.json") as board:
+    with LocalBoard(
+        key="vta-sim", server_module="vta_pipeline.vta.rpc_server", threads=1, registry=tmp_path / "boards.json"
+    ) as board:
         remote = board_measure(board.tracker, "vta-sim", WL, EPI, CFG)(configs)
     assert remote == local_measure(WL, EPI, CFG)(configs) and all(m.cycles for m in remote)

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_packed_conv_space import HERE, Wide, _packed_tasks, _sample, host_has_avx2
-
 import tvm
+from test_packed_conv_space import HERE, Wide, _packed_tasks, _sample, host_has_avx2
 from tvm import tirx
 from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 from tvm.sym import Analyzer
@@ -79,7 +78,7 @@ def assert_prefetches_the_next_blocks(func, levels: int) -> None:
     parallel iteration, it prefetches every line of that iteration's next block of weights
     (its largest parameter, laid out [parallel, block, rest]), each once, and nothing else."""
     assert weight_prefetch.ANNOTATION not in func.script()
-    (around, loop), = _prefetch_loops(func.body)
+    ((around, loop),) = _prefetch_loops(func.body)
     parallel, block_loop, tiles = around[0], around[-levels - 1], around[-levels:]
     assert parallel.kind == tirx.ForKind.PARALLEL
     condition, call = loop.body.condition, loop.body.then_case.value
@@ -98,8 +97,12 @@ def assert_prefetches_the_next_blocks(func, levels: int) -> None:
         for tile in np.ndindex(*[int(t.extent) for t in tiles]):
             for line in range(int(loop.extent)):
                 ana = Analyzer()
-                for var, value in ((parallel.loop_var, chunk), (block_loop.loop_var, block), (loop.loop_var, line),
-                                   *zip([t.loop_var for t in tiles], tile)):
+                for var, value in (
+                    (parallel.loop_var, chunk),
+                    (block_loop.loop_var, block),
+                    (loop.loop_var, line),
+                    *zip([t.loop_var for t in tiles], tile),
+                ):
                     ana.bind(var, tirx.const(int(value), "int64"))
                 if int(ana.simplify(condition)):
                     out.append(int(ana.simplify(offset)))
@@ -133,8 +136,7 @@ def test_the_kernel_prefetches_and_computes_the_same_bits(candidates):
     assert "prefetcht0" in with_.inspect_source("asm")
     assert "prefetcht0" not in without.inspect_source("asm")
     rng = np.random.default_rng(0)
-    args = [rng.standard_normal([int(d) for d in b.shape]).astype(str(b.dtype)) for b in
-            func.params]
+    args = [rng.standard_normal([int(d) for d in b.shape]).astype(str(b.dtype)) for b in func.params]
     outs = []
     for lib in (with_, without):
         tensors = [tvm.runtime.tensor(a, tvm.cpu()) for a in args]

@@ -14,26 +14,27 @@ import re
 import numpy as np
 import pytest
 import torch
+import tvm
 from int8_nets import randomize, to_relax
 from torch import nn
-
-import tvm
 from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 from tvm.target import codegen
 
 from vta_pipeline import extract, ms_build
-from vta_pipeline.spaces import winograd as winograd_space
 from vta_pipeline.build import LIB, build_network
 from vta_pipeline.passes import winograd
 from vta_pipeline.passes.graph_pack import PackParams, graph_pack
 from vta_pipeline.relax_pipeline import lower_for_tuning
-from vta_pipeline.spaces import design_space, label as space_label
+from vta_pipeline.spaces import design_space
+from vta_pipeline.spaces import label as space_label
+from vta_pipeline.spaces import winograd as winograd_space
 
 HERE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # AVX2 (CI's floor)
-host_has_avx2 = bool(codegen.target_has_features(
-    ["avx2"], tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})))
+host_has_avx2 = bool(
+    codegen.target_has_features(["avx2"], tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()}))
+)
 
 
 class Net(nn.Module):
@@ -103,7 +104,9 @@ def test_only_the_wide_stride_1_3x3_convs_become_winograd_with_their_epilogue_fu
     assert sum("conv2d_packed" in n and "winograd" not in n for n in names) == 3, names
     target = tvm.target.Target(HERE)
     labels = {t.task_name: space_label(target, t.dispatched[0]) for t in _tasks(lowered)}
-    assert sorted(v for v in labels.values() if v.startswith("winograd")) == [f"winograd:{winograd_space.VERSION}"] * 2, labels
+    assert (
+        sorted(v for v in labels.values() if v.startswith("winograd")) == [f"winograd:{winograd_space.VERSION}"] * 2
+    ), labels
     assert not winograd_space.applies(_winograd_tasks(lowered)[0].dispatched[0], tvm.target.Target({"kind": "cuda"}))
 
 
@@ -112,7 +115,10 @@ def test_a_winograd_task_is_read_as_the_conv_it_computes(network):
     (`conv_gap.py` compares it with ONNX Runtime's conv by that workload; `--task-filter
     conv2d` keeps it)."""
     assert (extract.WINOGRAD_PAD, extract.WINOGRAD_GEMM, extract.WINOGRAD_INVERSE) == (
-        winograd.PAD, winograd.GEMM, winograd.INVERSE)
+        winograd.PAD,
+        winograd.GEMM,
+        winograd.INVERSE,
+    )
     lowered, _, _, _ = network
     found = sorted(extract.conv2d_workload(t.dispatched[0]) for t in _winograd_tasks(lowered))
     # (batch, height, width, in, out, kh, kw, pad_h, pad_w, stride_h, stride_w): c1 16 -> 32, c2 32 -> 32
@@ -128,8 +134,9 @@ def test_float_convs_in_other_layouts_are_left_alone():
 
 def _sample(wl, seed: int):
     target = tvm.target.Target(HERE)
-    ctx = ms.TuneContext(mod=wl, target=target, space_generator=design_space(target, wl), task_name="t",
-                         rand_state=seed)
+    ctx = ms.TuneContext(
+        mod=wl, target=target, space_generator=design_space(target, wl), task_name="t", rand_state=seed
+    )
     (sch,) = ctx.generate_design_space()
     assert all(p.apply(sch) for p in ctx.space_generator.postprocs)
     return sch
@@ -193,17 +200,18 @@ def test_a_version_2_record_is_carried_into_version_3_with_its_decisions(network
     wl = _winograd_tasks(lowered)[0].dispatched[0]
     target = tvm.target.Target(HERE)
     assert space_upgrade.upgrades("winograd:2", space_label(target, wl))
-    assert not space_upgrade.upgrades(None, "winograd:3") and not space_upgrade.upgrades("packed-conv:float:2",
-                                                                                          "winograd:3")
+    assert not space_upgrade.upgrades(None, "winograd:3") and not space_upgrade.upgrades(
+        "packed-conv:float:2", "winograd:3"
+    )
     current = _sample(wl, 5).trace
     marks = [i for i in current.insts if i.kind.name == "Annotate" and str(i.attrs[0]) == weight_prefetch.ANNOTATION]
     assert len(marks) == 1
-    old = Trace([i for i in current.insts if not i.same_as(marks[0])],
-                {i: d for i, d in current.decisions.items()})
+    old = Trace([i for i in current.insts if not i.same_as(marks[0])], {i: d for i, d in current.decisions.items()})
     (carried,) = space_upgrade.upgrade_traces([old], wl, target, design_space(target, wl))
     assert carried is not None and weight_prefetch.ANNOTATION in str(carried)
     assert [[int(v) for v in d] for d in carried.decisions.values()] == [
-        [int(v) for v in d] for d in current.decisions.values()]
+        [int(v) for v in d] for d in current.decisions.values()
+    ]
 
 
 def _build_sampled_equals_pytorch(network, tmp_path, seed: int) -> None:
@@ -218,10 +226,13 @@ def _build_sampled_equals_pytorch(network, tmp_path, seed: int) -> None:
     target = tvm.target.Target(HERE)
     for t in _winograd_tasks(lowered):
         wl = t.dispatched[0]
-        db.commit_tuning_record(ms.database.TuningRecord(_sample(wl, seed).trace, db.commit_workload(wl), [1e-3],
-                                                         target))
-    assert build_network(tmp_path / "extract", HERE, tmp_path / "out", best_db_dir=tmp_path / "db")[
-        "scheduled_functions"] == 2
+        db.commit_tuning_record(
+            ms.database.TuningRecord(_sample(wl, seed).trace, db.commit_workload(wl), [1e-3], target)
+        )
+    assert (
+        build_network(tmp_path / "extract", HERE, tmp_path / "out", best_db_dir=tmp_path / "db")["scheduled_functions"]
+        == 2
+    )
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "out" / LIB)), tvm.cpu())
     out = vm["main"](tvm.runtime.tensor(x)).numpy()
     np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4)
@@ -240,10 +251,17 @@ def test_the_search_measures_candidates_of_the_space_and_keeps_the_fastest(netwo
     target = tvm.target.Target(HERE)
     # the project's builder: the stock one imports every tensor intrinsic in each fresh worker,
     # which on a loaded 2-core machine outlasted its 30 s timeout and failed every candidate
-    db = ms.tir_integration.tune_tir(wl, target, str(tmp_path), max_trials_global=4, num_trials_per_iter=4,
-                                     space=design_space(target, wl), num_tuning_cores=1,
-                                     builder=ms_build.make_builder(timeout_sec=120, max_workers=1),
-                                     runner=ms.runner.LocalRunner(timeout_sec=120))
+    db = ms.tir_integration.tune_tir(
+        wl,
+        target,
+        str(tmp_path),
+        max_trials_global=4,
+        num_trials_per_iter=4,
+        space=design_space(target, wl),
+        num_tuning_cores=1,
+        builder=ms_build.make_builder(timeout_sec=120, max_workers=1),
+        runner=ms.runner.LocalRunner(timeout_sec=120),
+    )
     records = db.get_all_tuning_records()
     assert 1 <= len(records) <= 4
     assert all(r.run_secs and all(float(s) < 1.0 for s in r.run_secs) for r in records)

@@ -8,9 +8,9 @@ import shutil
 import pytest
 
 from vta_pipeline import history, steps, workload_keys
+from vta_pipeline.boards import BoardSpec
 from vta_pipeline.config import MeasureConfig, ModelConfig, PackConfig, PipelineConfig, QuantizeConfig, TuneConfig
 from vta_pipeline.extract import load_tasks
-from vta_pipeline.boards import BoardSpec
 from vta_pipeline.trial_log import read_trials
 from vta_pipeline.tuning import tune_task
 
@@ -22,10 +22,14 @@ def test_the_float_classifier_of_the_fp32_and_int8_graphs_is_one_workload(sessio
     module's JSON text differs (the old key): it used to be tuned once per graph. (The float
     stem conv was the example until 050ae31 fused the int8 graph's quantize into it.)"""
     model = ModelConfig(source="builtin", name="tinynet")
-    fp32 = steps.extract_step(session_store, steps.prepare_model(session_store, PipelineConfig(model=model)),
-                              host_target)
-    int8_cfg = PipelineConfig(model=model, quantize=QuantizeConfig(enabled=True),
-                              pack=PackConfig(enabled=True, layout="x86", start_name="nn.conv2d", start_name_idx=1))
+    fp32 = steps.extract_step(
+        session_store, steps.prepare_model(session_store, PipelineConfig(model=model)), host_target
+    )
+    int8_cfg = PipelineConfig(
+        model=model,
+        quantize=QuantizeConfig(enabled=True),
+        pack=PackConfig(enabled=True, layout="x86", start_name="nn.conv2d", start_name_idx=1),
+    )
     int8 = steps.extract_step(session_store, steps.prepare_model(session_store, int8_cfg), host_target)
 
     def classifier(art):
@@ -48,12 +52,26 @@ def legacy_store(micronet, board, host_target, tmp_path_factory):
     root = tmp_path_factory.mktemp("legacy")
     scope = root / "work" / "tune" / f"{host_target.id}-{board.key}"
     old_a, old_b = "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"
-    out = tune_task(extracted.path / task.file, task.name, task.flops, old_a, host_target.target_json,
-                    BoardSpec(board.host, board.port, board.key, 2), TuneConfig(trials_per_task=4, trials_per_batch=4),
-                    MEASURE, scope / old_a)
+    out = tune_task(
+        extracted.path / task.file,
+        task.name,
+        task.flops,
+        old_a,
+        host_target.target_json,
+        BoardSpec(board.host, board.port, board.key, 2),
+        TuneConfig(trials_per_task=4, trials_per_batch=4),
+        MEASURE,
+        scope / old_a,
+    )
     shutil.copytree(scope / old_a, scope / old_b)
-    run = {"run_id": "r0", "night": "2026-11-20", "model": "micronet", "target": "host",
-           "target_id": host_target.id, "board_key": board.key}
+    run = {
+        "run_id": "r0",
+        "night": "2026-11-20",
+        "model": "micronet",
+        "target": "host",
+        "target_id": host_target.id,
+        "board_key": board.key,
+    }
     art = root / "tune-artifact"
     shutil.copytree(scope / old_a, art)
     (art / "summary.json").write_text(json.dumps(out.to_dict()))
@@ -66,14 +84,17 @@ def legacy_store(micronet, board, host_target, tmp_path_factory):
 def test_old_work_dirs_are_renamed_and_merged_under_the_structural_key(legacy_store):
     task, root, scope, _, moves, (old_a, old_b) = legacy_store
     key = task.workload_hash
-    assert [(m["old"], m["new"], m["how"].split()[0]) for m in moves] == [(old_a, key, "renamed"),
-                                                                            (old_b, key, "merged")]
+    assert [(m["old"], m["new"], m["how"].split()[0]) for m in moves] == [
+        (old_a, key, "renamed"),
+        (old_b, key, "merged"),
+    ]
     assert sorted(p.name for p in scope.iterdir()) == [key]
     assert (root / "work" / "tune" / workload_keys.MERGED / scope.name / old_b / "trials.jsonl").exists()
     rows = read_trials(scope / key)
     assert [r["trial"] for r in rows] == list(range(8))
-    assert [(r["measured_key"], r["measured_trial"]) for r in rows] == [(old_a, i) for i in range(4)] + \
-        [(old_b, i) for i in range(4)]
+    assert [(r["measured_key"], r["measured_trial"]) for r in rows] == [(old_a, i) for i in range(4)] + [
+        (old_b, i) for i in range(4)
+    ]
     records = (scope / key / "database_tuning_record.json").read_text().splitlines()
     assert len(records) == 8 and all(r.startswith("[0,") for r in records)
     assert workload_keys.aliases(root) == {old_a: key, old_b: key}
@@ -82,12 +103,21 @@ def test_old_work_dirs_are_renamed_and_merged_under_the_structural_key(legacy_st
 
 
 def test_the_migrated_dir_resumes_and_the_history_finds_what_the_old_key_recorded(
-        legacy_store, micronet, board, host_target):
+    legacy_store, micronet, board, host_target
+):
     task, root, scope, run, _, _ = legacy_store
     _, extracted = micronet
-    out = tune_task(extracted.path / task.file, task.name, task.flops, task.workload_hash, host_target.target_json,
-                    BoardSpec(board.host, board.port, board.key, 2), TuneConfig(trials_per_task=8, trials_per_batch=4),
-                    MEASURE, scope / task.workload_hash)
+    out = tune_task(
+        extracted.path / task.file,
+        task.name,
+        task.flops,
+        task.workload_hash,
+        host_target.target_json,
+        BoardSpec(board.host, board.port, board.key, 2),
+        TuneConfig(trials_per_task=8, trials_per_batch=4),
+        MEASURE,
+        scope / task.workload_hash,
+    )
     assert out.trials_this_run == 0 and out.trials == 8  # nothing measured again
     seeds, best, _ = history.best_records(root, task.workload_hash, host_target.id, board.key, k=8)
     assert len(seeds) == 4 and best == min(r["latency_ms"] for r in read_trials(scope / task.workload_hash))

@@ -78,8 +78,15 @@ def onnx_model(cfg: PipelineConfig, fetched_dir: Path, work: Path) -> Path:
     x, _ = load_reference(fetched_dir)
     out = work / "model.onnx"
     with torch.no_grad():
-        torch.onnx.export(torch_model(m), (torch.from_numpy(x),), str(out), input_names=["data"],
-                          output_names=["out"], opset_version=17, dynamo=False)
+        torch.onnx.export(
+            torch_model(m),
+            (torch.from_numpy(x),),
+            str(out),
+            input_names=["data"],
+            output_names=["out"],
+            opset_version=17,
+            dynamo=False,
+        )
     return out
 
 
@@ -89,22 +96,39 @@ def quantize_qdq(src: Path, dst: Path, calibration: list[np.ndarray]) -> Path:
     (`tools/ort_quantize_requirements.txt`), made by uv; raises QuantizerUnavailable."""
     uv = shutil.which("uv")
     if uv is None:
-        raise QuantizerUnavailable("ORT's int8 quantizer runs in its own environment, made by uv, and uv is not on "
-                                   "PATH: `pip install uv` for the int8 row")
+        raise QuantizerUnavailable(
+            "ORT's int8 quantizer runs in its own environment, made by uv, and uv is not on "
+            "PATH: `pip install uv` for the int8 row"
+        )
     batches = Path(dst).with_suffix(".calibration.npy")
     np.save(batches, np.stack(calibration))
-    cmd = [uv, "run", "--no-project", "--python", f"{sys.version_info.major}.{sys.version_info.minor}",
-           "--with-requirements", str(TOOLS / "ort_quantize_requirements.txt"), "python",
-           str(TOOLS / "ort_quantize.py"), str(src), str(dst), "--calibration", str(batches)]
+    cmd = [
+        uv,
+        "run",
+        "--no-project",
+        "--python",
+        f"{sys.version_info.major}.{sys.version_info.minor}",
+        "--with-requirements",
+        str(TOOLS / "ort_quantize_requirements.txt"),
+        "python",
+        str(TOOLS / "ort_quantize.py"),
+        str(src),
+        str(dst),
+        "--calibration",
+        str(batches),
+    ]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=QUANTIZE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise QuantizerUnavailable(f"ORT's int8 quantizer did not finish in {QUANTIZE_TIMEOUT_S} s "
-                                   f"({' '.join(cmd)})") from None
+        raise QuantizerUnavailable(
+            f"ORT's int8 quantizer did not finish in {QUANTIZE_TIMEOUT_S} s ({' '.join(cmd)})"
+        ) from None
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
-        raise QuantizerUnavailable(f"ORT's int8 quantizer failed: {tail[0]} (run `{' '.join(cmd)}` to see why; "
-                                   "its environment needs the package registry once)")
+        raise QuantizerUnavailable(
+            f"ORT's int8 quantizer failed: {tail[0]} (run `{' '.join(cmd)}` to see why; "
+            "its environment needs the package registry once)"
+        )
     return Path(dst)
 
 
@@ -139,9 +163,20 @@ def _timer(sess, x: np.ndarray, min_repeat_ms: float):
     return y, ms
 
 
-def compare(lib: Path, onnx_path: Path, x: np.ndarray, reference: np.ndarray, tracker: tuple[str, int], key: str,
-            threads: int, rounds: int, min_repeat_ms: float = 50.0, int8_onnx: Path | None = None,
-            float_reference: np.ndarray | None = None, board_timeout_s: float | None = None) -> dict[str, Any]:
+def compare(
+    lib: Path,
+    onnx_path: Path,
+    x: np.ndarray,
+    reference: np.ndarray,
+    tracker: tuple[str, int],
+    key: str,
+    threads: int,
+    rounds: int,
+    min_repeat_ms: float = 50.0,
+    int8_onnx: Path | None = None,
+    float_reference: np.ndarray | None = None,
+    board_timeout_s: float | None = None,
+) -> dict[str, Any]:
     """The tuned build and ONNX Runtime fp32 (and int8, given `int8_onnx`), `rounds` rounds
     in turn: each one's median ms, ours / theirs, and whether ORT's output is the reference's.
 
@@ -158,19 +193,44 @@ def compare(lib: Path, onnx_path: Path, x: np.ndarray, reference: np.ndarray, tr
     if int8_onnx is not None:
         y8, int8_ms = _timer(_session(int8_onnx, threads), x, min_repeat_ms)
         local.append(int8_ms)
-    ours, *theirs = time_in_turn([lib], x, "llvm", tracker, key, rounds, min_repeat_ms=min_repeat_ms, local=local,
-                                 **({"board_timeout_s": board_timeout_s} if board_timeout_s else {}))
+    ours, *theirs = time_in_turn(
+        [lib],
+        x,
+        "llvm",
+        tracker,
+        key,
+        rounds,
+        min_repeat_ms=min_repeat_ms,
+        local=local,
+        **({"board_timeout_s": board_timeout_s} if board_timeout_s else {}),
+    )
     ours_ms = statistics.median(ours)
-    rows = [{"engine": ENGINE, "ort_ms": statistics.median(theirs[0]),
-             "ort_rounds_ms": [round(v, 4) for v in theirs[0]], "ort_output_matches": fp32_ok}]
+    rows = [
+        {
+            "engine": ENGINE,
+            "ort_ms": statistics.median(theirs[0]),
+            "ort_rounds_ms": [round(v, 4) for v in theirs[0]],
+            "ort_output_matches": fp32_ok,
+        }
+    ]
     if int8_onnx is not None:
-        rows.append({"engine": INT8_ENGINE, "ort_ms": statistics.median(theirs[1]),
-                     "ort_rounds_ms": [round(v, 4) for v in theirs[1]],
-                     "ort_vs_float": agreement(y8.reshape(float_ref.shape).astype("float32"), float_ref)})
+        rows.append(
+            {
+                "engine": INT8_ENGINE,
+                "ort_ms": statistics.median(theirs[1]),
+                "ort_rounds_ms": [round(v, 4) for v in theirs[1]],
+                "ort_vs_float": agreement(y8.reshape(float_ref.shape).astype("float32"), float_ref),
+            }
+        )
     for row in rows:
         row["ratio"] = ours_ms / row["ort_ms"]
-    out = {**rows[-1], "ours_ms": ours_ms, "rounds": rounds, "threads": threads,
-           "ours_rounds_ms": [round(v, 4) for v in ours]}
+    out = {
+        **rows[-1],
+        "ours_ms": ours_ms,
+        "rounds": rounds,
+        "threads": threads,
+        "ours_rounds_ms": [round(v, 4) for v in ours],
+    }
     if int8_onnx is not None:
         out["fp32"] = rows[0]
     return out

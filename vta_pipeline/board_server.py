@@ -91,8 +91,10 @@ def _supervise(server, tracker: tuple[str, int], key: str, stopping: Callable[[]
         if _listed(tracker, key, server.port):
             outage_ended_at = None
         elif time.monotonic() - outage_ended_at >= UNLISTED_S:
-            return (f"the tracker has not listed it for {UNLISTED_S:.0f} s after an outage (TVM's server gives up "
-                    "on a tracker unreachable for 60 s)")
+            return (
+                f"the tracker has not listed it for {UNLISTED_S:.0f} s after an outage (TVM's server gives up "
+                "on a tracker unreachable for 60 s)"
+            )
     return ""
 
 
@@ -138,9 +140,15 @@ def serve(init: Callable[[], None] | None, default_key: str, description: str, a
         if stopping():
             break
         started = time.monotonic()
-        server = rpc.Server(args.host, args.port, args.port_end, tracker_addr=tracker, key=args.key,
-                            custom_addr=args.custom_addr,
-                            server_init_callback=functools.partial(_session_init, init))
+        server = rpc.Server(
+            args.host,
+            args.port,
+            args.port_end,
+            tracker_addr=tracker,
+            key=args.key,
+            custom_addr=args.custom_addr,
+            server_init_callback=functools.partial(_session_init, init),
+        )
         try:
             why = _supervise(server, tracker, args.key, stopping)
         finally:
@@ -150,11 +158,18 @@ def serve(init: Callable[[], None] | None, default_key: str, description: str, a
         lived = time.monotonic() - started
         quick_deaths = quick_deaths + 1 if lived < QUICK_S + UNLISTED_S and _tracker_answers(tracker) else 0
         if quick_deaths >= MAX_QUICK_DEATHS:
-            raise SystemExit(f"the RPC server under key {args.key!r} had to be replaced {quick_deaths} times in a row "
-                             f"soon after its start while the tracker {args.tracker} answered ({why}): see the errors "
-                             "above; not starting it again")
-        log.warning("replacing the RPC server under key %r after %.0f s: %s; it registers again once the tracker %s "
-                    "answers", args.key, lived, why, args.tracker)
+            raise SystemExit(
+                f"the RPC server under key {args.key!r} had to be replaced {quick_deaths} times in a row "
+                f"soon after its start while the tracker {args.tracker} answered ({why}): see the errors "
+                "above; not starting it again"
+            )
+        log.warning(
+            "replacing the RPC server under key %r after %.0f s: %s; it registers again once the tracker %s answers",
+            args.key,
+            lived,
+            why,
+            args.tracker,
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

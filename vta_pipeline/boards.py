@@ -81,7 +81,9 @@ def tracker_summary(host: str, port: int, connect_timeout_s: float = TRACKER_CON
     try:
         return rpc.connect_tracker(host, port).summary()
     except (ConnectionError, EOFError) as e:  # it accepted, then went away: a tracker shutting down
-        raise BoardError(f"{tracker_down_message(host, port)} (it accepted the connection, then dropped it: {e})") from e
+        raise BoardError(
+            f"{tracker_down_message(host, port)} (it accepted the connection, then dropped it: {e})"
+        ) from e
 
 
 def tracker_down_message(host: str, port: int) -> str:
@@ -213,8 +215,9 @@ class LocalBoard:
         # initializes CUDA in the rpc_server before it forks a process per session: on a GPU
         # board every session then failed with cudaErrorInitializationError (an H200). A
         # board exchanges no tensors with PyTorch, so it goes without that hook.
-        env = dict(os.environ, PYTHONUNBUFFERED="1", TVM_NUM_THREADS=str(self.threads),
-                   TVM_FFI_DISABLE_TORCH_C_DLPACK="1")
+        env = dict(
+            os.environ, PYTHONUNBUFFERED="1", TVM_NUM_THREADS=str(self.threads), TVM_FFI_DISABLE_TORCH_C_DLPACK="1"
+        )
         cmd = [sys.executable, "-m"]
         if not self.detached:
             cmd += ["vta_pipeline.watchdog", "--watch", str(os.getpid()), "--"]
@@ -248,27 +251,52 @@ class LocalBoard:
         if not self.port:
             self.port = free_port(self.host)
         t0 = time.monotonic()
-        self._spawn(["tvm.exec.rpc_tracker", "--host", self.host, "--port", str(self.port),
-                     "--port-end", str(self.port + 1)], "tracker")
+        self._spawn(
+            ["tvm.exec.rpc_tracker", "--host", self.host, "--port", str(self.port), "--port-end", str(self.port + 1)],
+            "tracker",
+        )
         if not self.detached:
             self._record()
-        self._wait(lambda: port_open(self.host, self.port, 0.5), t0, timeout,
-                   lambda: f"the RPC tracker to listen on {self.tracker}", waiting_on=[0])
+        self._wait(
+            lambda: port_open(self.host, self.port, 0.5),
+            t0,
+            timeout,
+            lambda: f"the RPC tracker to listen on {self.tracker}",
+            waiting_on=[0],
+        )
         for i in range(self.num_servers):
             self.add_server(record=False)
         if not self.detached:
             self._record()
-        self._wait(lambda: self._registered() >= self.num_servers, t0, timeout,
-                   lambda: (f"{self.num_servers} rpc server(s) to register under key {self.key!r} "
-                            f"({self._registered()} of {self.num_servers} so far)"),
-                   waiting_on=None)
-        log.info("local board up in %.0f s: tracker %s, %d server(s) under key %r (logs: %s)",
-                 time.monotonic() - t0, self.tracker, self.num_servers, self.key, self.logs[0].parent)
+        self._wait(
+            lambda: self._registered() >= self.num_servers,
+            t0,
+            timeout,
+            lambda: (
+                f"{self.num_servers} rpc server(s) to register under key {self.key!r} "
+                f"({self._registered()} of {self.num_servers} so far)"
+            ),
+            waiting_on=None,
+        )
+        log.info(
+            "local board up in %.0f s: tracker %s, %d server(s) under key %r (logs: %s)",
+            time.monotonic() - t0,
+            self.tracker,
+            self.num_servers,
+            self.key,
+            self.logs[0].parent,
+        )
         self._save()
         return self
 
-    def _wait(self, ready: Callable[[], bool], t0: float, timeout: float, what: Callable[[], str],
-              waiting_on: list[int] | None) -> None:
+    def _wait(
+        self,
+        ready: Callable[[], bool],
+        t0: float,
+        timeout: float,
+        what: Callable[[], str],
+        waiting_on: list[int] | None,
+    ) -> None:
         last_said = time.monotonic()
         while not ready():
             for i, p in enumerate(self.procs):
@@ -277,8 +305,9 @@ class LocalBoard:
             now = time.monotonic()
             if now - t0 > timeout:
                 late = waiting_on if waiting_on is not None else self._unregistered()
-                self._fail(late[0] if late else len(self.procs) - 1,
-                           f"was not up after {timeout:.0f} s (waiting for {what()})")
+                self._fail(
+                    late[0] if late else len(self.procs) - 1, f"was not up after {timeout:.0f} s (waiting for {what()})"
+                )
             if now - last_said >= PROGRESS_EVERY_S:
                 log.info("local board: waiting for %s, %.0f s so far", what(), now - t0)
                 last_said = now
@@ -293,8 +322,11 @@ class LocalBoard:
     def _unregistered(self) -> list[int]:
         """Indices of the servers whose listening port the tracker does not list."""
         try:
-            ports = {int(s["addr"][1]) for s in tracker_summary(self.host, self.port).get("server_info", [])
-                     if s.get("key") == f"server:{self.key}"}
+            ports = {
+                int(s["addr"][1])
+                for s in tracker_summary(self.host, self.port).get("server_info", [])
+                if s.get("key") == f"server:{self.key}"
+            }
         except (BoardError, KeyError, IndexError, ValueError):
             return list(range(1, len(self.procs)))
         return [i for i in range(1, len(self.procs)) if not (_listen_ports(self.procs[i].pid) & ports)]
@@ -303,9 +335,7 @@ class LocalBoard:
         p, path = self.procs[i], self.logs[i]
         tail = log_tail(path)
         self.stop()
-        raise BoardError(
-            f"local board: the {self._role(i)} (pid {p.pid}) {why}. Its output ({path}):\n{tail}"
-        )
+        raise BoardError(f"local board: the {self._role(i)} (pid {p.pid}) {why}. Its output ({path}):\n{tail}")
 
     def add_server(self, record: bool = True) -> subprocess.Popen:
         """Start one more rpc_server. Each searches for its listening port from its own free
@@ -315,8 +345,21 @@ class LocalBoard:
         i = len(self.procs)
         first = free_port(self.host)
         p = self._spawn(
-            [self.server_module, "--tracker", self.tracker, "--key", self.key, "--host", self.host,
-             "--port", str(first), "--port-end", str(min(first + SERVER_PORT_RANGE, 65536))], f"server{i}")
+            [
+                self.server_module,
+                "--tracker",
+                self.tracker,
+                "--key",
+                self.key,
+                "--host",
+                self.host,
+                "--port",
+                str(first),
+                "--port-end",
+                str(min(first + SERVER_PORT_RANGE, 65536)),
+            ],
+            f"server{i}",
+        )
         if record and not self.detached:
             self._record()
         return p
@@ -359,17 +402,31 @@ class LocalBoard:
         d.mkdir(parents=True, exist_ok=True)
         from .store import atomic_write_text
 
-        atomic_write_text(self._registry_file(), json.dumps({
-            "tracker": self.tracker, "key": self.key, "owner": identity(os.getpid()),
-            "procs": [identity(p.pid) for p in self.procs],
-        }))
+        atomic_write_text(
+            self._registry_file(),
+            json.dumps(
+                {
+                    "tracker": self.tracker,
+                    "key": self.key,
+                    "owner": identity(os.getpid()),
+                    "procs": [identity(p.pid) for p in self.procs],
+                }
+            ),
+        )
 
     def _save(self) -> None:
         if self.state_file:
             self.state_file.parent.mkdir(parents=True, exist_ok=True)
-            self.state_file.write_text(json.dumps({
-                "tracker": self.tracker, "key": self.key, "pids": [p.pid for p in self.procs],
-                "procs": [identity(p.pid) for p in self.procs]}))
+            self.state_file.write_text(
+                json.dumps(
+                    {
+                        "tracker": self.tracker,
+                        "key": self.key,
+                        "pids": [p.pid for p in self.procs],
+                        "procs": [identity(p.pid) for p in self.procs],
+                    }
+                )
+            )
 
     def __enter__(self) -> LocalBoard:
         return self.start()
@@ -427,9 +484,14 @@ def reap_orphans(registry: Path | None = None) -> list[str]:
             _group_gone(ident["pid"], timeout_s=5.0)
         f.unlink(missing_ok=True)
         if running:
-            log.warning("stopped %d process(es) of the local board at %s (key %r): its owner, pid %s, had died "
-                        "without stopping it", len(running), state.get("tracker"), state.get("key"),
-                        owner.get("pid"))
+            log.warning(
+                "stopped %d process(es) of the local board at %s (key %r): its owner, pid %s, had died "
+                "without stopping it",
+                len(running),
+                state.get("tracker"),
+                state.get("key"),
+                owner.get("pid"),
+            )
             reaped.append(str(state.get("tracker")))
     return reaped
 
@@ -551,8 +613,16 @@ def within(timeout_s: float, what: str, call: Callable[[], Any]) -> Any:
     return outcome.get("value")
 
 
-def _on_a_board(host: str, port: int, key: str, timeout_s: float, work: Callable[[Any], Any], what: str,
-                failed: str = ": ", hung: str = "") -> Any:
+def _on_a_board(
+    host: str,
+    port: int,
+    key: str,
+    timeout_s: float,
+    work: Callable[[Any], Any],
+    what: str,
+    failed: str = ": ",
+    hung: str = "",
+) -> Any:
     """`work(remote)` on a board under `key`, with a deadline (`within`). Every failure is a
     BoardError naming the key and the tracker."""
     from tvm import rpc
@@ -571,8 +641,14 @@ def _on_a_board(host: str, port: int, key: str, timeout_s: float, work: Callable
         raise BoardError(f"{what}: a board under {where}{failed}{msg}") from None
 
 
-def health_check(host: str, port: int, key: str, target_spec: dict[str, Any], timeout_s: float = 120.0,
-                 cross_compiler: str | None = None) -> float:
+def health_check(
+    host: str,
+    port: int,
+    key: str,
+    target_spec: dict[str, Any],
+    timeout_s: float = 120.0,
+    cross_compiler: str | None = None,
+) -> float:
     """Run a trivial kernel (y = x + 1) on a board under `key`; return its run time in ms.
 
     Catches, before a night of tuning, a board that is registered but cannot run what we
@@ -610,11 +686,14 @@ def health_check(host: str, port: int, key: str, target_spec: dict[str, Any], ti
         ok = bool(np.array_equal(yd.numpy(), x + 1))
         return ok, f.time_evaluator(f.entry_name, dev, number=10)(xd, yd).mean * 1e3
 
-    ok, ms = _on_a_board(host, port, key, timeout_s, run, "health check", failed=" cannot run a trivial kernel: ",
-                         hung=" (hung board?)")
+    ok, ms = _on_a_board(
+        host, port, key, timeout_s, run, "health check", failed=" cannot run a trivial kernel: ", hung=" (hung board?)"
+    )
     if not ok:
-        raise BoardError(f"health check: a board under key {key!r} at the tracker {host}:{port} computed a wrong "
-                         "result for y = x + 1")
+        raise BoardError(
+            f"health check: a board under key {key!r} at the tracker {host}:{port} computed a wrong "
+            "result for y = x + 1"
+        )
     from .trial_log import implausible
 
     why = implausible([ms / 1e3])
@@ -651,8 +730,9 @@ def register_board_info() -> None:
 
     def info() -> str:
         threads = tvm.get_global_func("runtime.NumThreads", allow_missing=True)
-        return json_.dumps({"name": platform.node(), "tvm": tvm.__version__,
-                            "threads": int(threads()) if threads else None})
+        return json_.dumps(
+            {"name": platform.node(), "tvm": tvm.__version__, "threads": int(threads()) if threads else None}
+        )
 
     tvm.register_global_func(BOARD_INFO, info, override=True)
 
@@ -682,8 +762,10 @@ def board_identities(host: str, port: int, key: str, n: int, timeout_s: float = 
     try:
         return within(timeout_s, "board identity query", ask)
     except BoardHung:
-        raise BoardError(f"identifying the {n} board(s) under key {key!r} at the tracker {host}:{port}: they did not "
-                         f"all answer within {timeout_s:.0f} s (a board busy with another run, or hung)") from None
+        raise BoardError(
+            f"identifying the {n} board(s) under key {key!r} at the tracker {host}:{port}: they did not "
+            f"all answer within {timeout_s:.0f} s (a board busy with another run, or hung)"
+        ) from None
 
 
 def identity_problems(identities: list[dict[str, Any]], threads: int | None) -> list[str]:
@@ -697,17 +779,22 @@ def identity_problems(identities: list[dict[str, Any]], threads: int | None) -> 
     for i, b in enumerate(identities):
         who = f"board {i + 1} of {len(identities)}" + (f" ({b['name']})" if b.get("name") else "")
         if b.get("tvm") and b["tvm"] != tvm.__version__:
-            problems.append(f"{who} runs TVM {b['tvm']}, this host compiles with TVM {tvm.__version__}: install "
-                            f"apache-tvm=={tvm.__version__} on the board (or this host's version of the board's)")
+            problems.append(
+                f"{who} runs TVM {b['tvm']}, this host compiles with TVM {tvm.__version__}: install "
+                f"apache-tvm=={tvm.__version__} on the board (or this host's version of the board's)"
+            )
         if threads and b.get("threads") and b["threads"] != threads:
-            problems.append(f"{who} runs kernels with {b['threads']} thread(s), the target is scheduled for {threads} "
-                            f"core(s): set TVM_NUM_THREADS={threads} where the board's server starts, or give the "
-                            f"target \"num-cores\": {b['threads']}")
+            problems.append(
+                f"{who} runs kernels with {b['threads']} thread(s), the target is scheduled for {threads} "
+                f"core(s): set TVM_NUM_THREADS={threads} where the board's server starts, or give the "
+                f'target "num-cores": {b["threads"]}'
+            )
     return problems
 
 
-def check_boards(host: str, port: int, key: str, n_boards: int, threads: int | None,
-                 mismatch: str = "refuse") -> tuple[list[dict[str, Any]], list[str]]:
+def check_boards(
+    host: str, port: int, key: str, n_boards: int, threads: int | None, mismatch: str = "refuse"
+) -> tuple[list[dict[str, Any]], list[str]]:
     """The identities of the key's boards free now (one at least, waited for), and what does
     not match this run (`identity_problems`): a BoardError naming each when `mismatch` is
     "refuse", else returned to be warned about."""
@@ -715,8 +802,11 @@ def check_boards(host: str, port: int, key: str, n_boards: int, threads: int | N
     identities = board_identities(host, port, key, n)
     problems = identity_problems(identities, threads)
     if problems and mismatch == "refuse":
-        raise BoardError(f"the boards under key {key!r} at the tracker {host}:{port} do not match this run: "
-                         + "; ".join(problems) + ". (Or set board.mismatch: warn to measure on them anyway.)")
+        raise BoardError(
+            f"the boards under key {key!r} at the tracker {host}:{port} do not match this run: "
+            + "; ".join(problems)
+            + ". (Or set board.mismatch: warn to measure on them anyway.)"
+        )
     return identities, problems
 
 

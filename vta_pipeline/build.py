@@ -34,7 +34,11 @@ def default_gpu_schedules(mod, target):
 
     with target:
         return dl.ApplyDefaultSchedule(
-            dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback(),
+            dl.gpu.Matmul(),
+            dl.gpu.GEMV(),
+            dl.gpu.Reduction(),
+            dl.gpu.GeneralReduction(),
+            dl.gpu.Fallback(),
         )(tvm.IRModule(dict(mod.functions), attrs=mod.attrs))
 
 
@@ -68,7 +72,8 @@ def build_network(
             mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
         mod = prepack_weights(mod)
         applied = sum(
-            1 for _, f in mod.functions.items()
+            1
+            for _, f in mod.functions.items()
             if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and "tirx.is_scheduled" in f.attrs
         )
     if target.kind.name in GPU_KINDS:
@@ -82,5 +87,9 @@ def build_network(
         ex.export_library(str(lib), fcompile=cc.cross_compiler(cross_compiler))
     else:
         ex.export_library(str(lib))
-    return {"tuned": best_db_dir is not None or bool(vta_knobs), "scheduled_functions": applied,
-            "vta_tuned_convs": vta_applied, "lib_bytes": lib.stat().st_size}
+    return {
+        "tuned": best_db_dir is not None or bool(vta_knobs),
+        "scheduled_functions": applied,
+        "vta_tuned_convs": vta_applied,
+        "lib_bytes": lib.stat().st_size,
+    }

@@ -27,8 +27,10 @@ def board_key_problem(key: str) -> str | None:
     a '/' would make it a path."""
     if BOARD_KEY.fullmatch(key):
         return None
-    return (f"board key {key!r} is not a key: use letters, digits, '.', '_', '-' or ':' (no '/', no spaces), "
-            "as the boards register it (e.g. pynq, rk3399, host)")
+    return (
+        f"board key {key!r} is not a key: use letters, digits, '.', '_', '-' or ':' (no '/', no spaces), "
+        "as the boards register it (e.g. pynq, rk3399, host)"
+    )
 
 
 class _Strict(BaseModel):
@@ -60,8 +62,10 @@ class ModelConfig(_Strict):
         if self.source == "onnx" and self.path is None:
             raise ValueError("source 'onnx' needs a path: pass --onnx-path FILE.onnx")
         if self.source != "onnx" and self.path is not None:  # it would tune the built-in model instead
-            raise ValueError(f"an ONNX file ({self.path}) is read only with source 'onnx', and the source is "
-                             f"{self.source!r}: add --source onnx (model.source = \"onnx\"), or drop --onnx-path")
+            raise ValueError(
+                f"an ONNX file ({self.path}) is read only with source 'onnx', and the source is "
+                f'{self.source!r}: add --source onnx (model.source = "onnx"), or drop --onnx-path'
+            )
         return self
 
     @property
@@ -81,8 +85,10 @@ class TuneConfig(_Strict):
         "that round (best ms x weight), at most 4x the average per task (vta_pipeline.allocation).",
     )
     cost_model: Literal["xgb", "random"] = Field(
-        "xgb", description="MetaSchedule cost model: xgb is one XGBoost model per target and board key, shared by "
-        "all tasks and trained on every record in the store (vta_pipeline.cost_model); random scores at random.")
+        "xgb",
+        description="MetaSchedule cost model: xgb is one XGBoost model per target and board key, shared by "
+        "all tasks and trained on every record in the store (vta_pipeline.cost_model); random scores at random.",
+    )
     search: Literal["evolutionary", "replay-trace"] = Field("evolutionary", description="Search strategy.")
     early_stopping: int | None = Field(
         None, gt=0, description="Stop a task after this many trials without improvement."
@@ -93,15 +99,19 @@ class TuneConfig(_Strict):
         "packed (the VTA recipe's filter), else all.",
     )
     retime_top: int = Field(
-        8, ge=0,
+        8,
+        ge=0,
         description="After the search, measure the task's this many best records again on the board, in turn, "
         "and build with the fastest of that (vta_pipeline.retime: one measurement per candidate while tuning "
-        "ranks them by the minute they were measured in too); 0 or 1 = build with the recorded best.")
+        "ranks them by the minute they were measured in too); 0 or 1 = build with the recorded best.",
+    )
     retime_rounds: int = Field(3, gt=0, description="Rounds of the re-time; a candidate's time is its fastest round.")
     retime_within: float = Field(
-        1.5, gt=1,
+        1.5,
+        gt=1,
         description="Re-time only the best records recorded within this factor of the best: the host's drift "
-        "moves a measurement by up to 1.4x, so a record slower than that is slower, not unlucky.")
+        "moves a measurement by up to 1.4x, so a record slower than that is slower, not unlucky.",
+    )
     retime_caches: Literal["warm", "flushed", "auto"] = Field(
         "warm",
         description="How the re-time runs each candidate: warm = back to back as the search times it (its weights "
@@ -109,7 +119,8 @@ class TuneConfig(_Strict):
         "(the input stays: in a network the layer before just wrote it), as a layer runs inside a network whose "
         "weights do not fit the caches; auto = flushed on 64-bit x86 and Arm CPUs, warm elsewhere (GPUs; TVM "
         "flushes no other CPU's caches). Warm by default: flushed measured no better on resnet18 fp32 "
-        "(vta_pipeline.retime).")
+        "(vta_pipeline.retime).",
+    )
     builder_timeout_s: float = Field(120.0, gt=0, description="Per-candidate build timeout.")
     seed: int = Field(0, description="Search seed.")
     session: str | None = Field(
@@ -118,7 +129,8 @@ class TuneConfig(_Strict):
         "budget in its own records; unset = one open-ended session per workload that a bigger budget continues.",
     )
     warm_start: int = Field(
-        32, ge=0,
+        32,
+        ge=0,
         description="Seed a task's first search of a session with up to this many best records of its workload "
         "from earlier sessions (the Parquet history); 0 = cold start.",
     )
@@ -128,7 +140,8 @@ class TuneConfig(_Strict):
         description="Where a workload the store has no records of starts its search (vta_pipeline.records_library): "
         "'builtin' = the records shipped with the package for this CPU class, 'off', or a directory written by "
         "`vta-pipeline library export`. Its records are measured on this board first, never trusted for their "
-        "time; warm_start 0 turns it off too.")
+        "time; warm_start 0 turns it off too.",
+    )
 
     @field_validator("records_library")
     @classmethod
@@ -157,52 +170,69 @@ class MeasureConfig(_Strict):
     number: int = Field(5, gt=0, description="Runs averaged into one measurement.")
     repeat: int = Field(3, gt=0, description="Measurements per candidate (their mean ranks it).")
     min_repeat_ms: int = Field(
-        40, ge=0, description="Minimum duration of one repeat: a kernel of microseconds is run enough times that "
-                              "timer and call overhead do not rank the candidates.")
+        40,
+        ge=0,
+        description="Minimum duration of one repeat: a kernel of microseconds is run enough times that "
+        "timer and call overhead do not rank the candidates.",
+    )
     timeout_s: int = Field(60, gt=0, description="RPC session timeout per measurement.")
     enable_cpu_cache_flush: bool = Field(False, description="Flush caches between runs (CPUs).")
     tracker_wait_s: float = Field(
-        900.0, gt=0, description="How long tuning waits for a tracker that stopped answering (restarted, its host "
-                                 "rebooting) before it gives up: candidates are held, not measured as failures, "
-                                 "and go out once it lists a board under the key again. Not part of any cache key.")
+        900.0,
+        gt=0,
+        description="How long tuning waits for a tracker that stopped answering (restarted, its host "
+        "rebooting) before it gives up: candidates are held, not measured as failures, "
+        "and go out once it lists a board under the key again. Not part of any cache key.",
+    )
 
 
 class EvalConfig(_Strict):
     number: int = Field(1, gt=0, description="Runs per timed repeat, at least (see min_repeat_ms).")
     repeat: int = Field(10, gt=0, description="Timed repeats (mean/std/median over these).")
     min_repeat_ms: float = Field(
-        200.0, ge=0,
+        200.0,
+        ge=0,
         description="Each repeat runs the network enough times to last this long, so that one repeat of a "
-                    "fast build is not at the mercy of the timer and one scheduler tick.")
+        "fast build is not at the mercy of the timer and one scheduler tick.",
+    )
     max_seconds: float = Field(
-        30.0, gt=0,
+        30.0,
+        gt=0,
         description="Time budget of the timed repeats: a build slower than max_seconds / repeat per run (an "
-                    "untuned network) is timed fewer times, never fewer than 3.")
+        "untuned network) is timed fewer times, never fewer than 3.",
+    )
     rtol: float = Field(1e-3, gt=0, description="Relative tolerance of the output check.")
     atol: float = Field(1e-3, gt=0, description="Absolute tolerance of the output check.")
     compare: bool = Field(
-        True, description="On a local board of a host CPU target, time ONNX Runtime fp32 (and, for an int8 run, "
-                          "ORT's own int8 U8S8 QDQ) on the same model and cores in turn with the tuned build, and "
-                          "report ours / ORT (vta_pipeline.baseline).")
+        True,
+        description="On a local board of a host CPU target, time ONNX Runtime fp32 (and, for an int8 run, "
+        "ORT's own int8 U8S8 QDQ) on the same model and cores in turn with the tuned build, and "
+        "report ours / ORT (vta_pipeline.baseline).",
+    )
     compare_rounds: int = Field(7, gt=0, description="Rounds of that timing in turn (medians of the rounds).")
     board_timeout_s: float = Field(
-        300.0, gt=0,
+        300.0,
+        gt=0,
         description="The longest one call to the board may take while evaluating (the session request, loading "
-                    "the library, one run; an upload gets 1 s more per MiB, the timing its runs' time): past it "
-                    "the step fails and says the board hung, where it used to wait for good. Not part of the "
-                    "evaluation's cache key.")
+        "the library, one run; an upload gets 1 s more per MiB, the timing its runs' time): past it "
+        "the step fails and says the board hung, where it used to wait for good. Not part of the "
+        "evaluation's cache key.",
+    )
 
 
 class GuardConfig(_Strict):
     """The regression guard of nightly runs."""
 
     max_regression_pct: float = Field(
-        10.0, ge=0,
+        10.0,
+        ge=0,
         description="A tuned latency more than this % slower than the model's best night is a regression: "
         "the run says so and the best night's build stays current.",
     )
     confirm_rounds: int = Field(
-        5, ge=0, le=100,
+        5,
+        ge=0,
+        le=100,
         description="When tonight's evaluation is past max_regression_pct, its build and the best night's are "
         "timed in turn on the board for this many rounds, and the median per-round ratio decides (one evaluation "
         "on a shared board swings more than 10%). 0: the evaluations in the history alone decide.",
@@ -215,21 +245,27 @@ class QuantizeConfig(_Strict):
     enabled: bool = Field(False, description="Quantize float32 -> int8 with int32 accumulation.")
     global_scale: float = Field(8.0, gt=0, description="Bound of every activation (calibrate_mode global_scale).")
     skip_conv_layers: tuple[int, ...] | None = Field(
-        None, description="Indices of conv2d layers kept in float. Unset: the stem (conv 0) stays float where VTA "
+        None,
+        description="Indices of conv2d layers kept in float. Unset: the stem (conv 0) stays float where VTA "
         "or graph pack runs the convs (VTA cannot pack its 3 input channels), and is quantized too where the CPU's "
-        "blocked layout runs them (the dot product pads 3 channels to 4), as ONNX Runtime's int8 does.")
+        "blocked layout runs them (the dot product pads 3 channels to 4), as ONNX Runtime's int8 does.",
+    )
     skip_dense_layer: bool = Field(
-        True, description="Keep dense layers (matmul with constant weights: the classifier) in float, as "
+        True,
+        description="Keep dense layers (matmul with constant weights: the classifier) in float, as "
         "relay.quantize did by default; false quantizes them to int8 x int8 -> int32 with a power-of-two weight "
-        "scale, as ONNX Runtime's QGemm does: 4x fewer weight bytes to read per run.")
+        "scale, as ONNX Runtime's QGemm does: 4x fewer weight bytes to read per run.",
+    )
     nbit_input: int = Field(8, ge=2, le=8, description="Bits of quantized activations.")
     nbit_weight: int = Field(8, ge=2, le=8, description="Bits of quantized weights.")
     dtype_activation: Literal["int32", "int8"] = Field(
-        "int32", description="Type of activations between layers (relay's option; `--int8-activations`): int32 adds "
+        "int32",
+        description="Type of activations between layers (relay's option; `--int8-activations`): int32 adds "
         "residuals in int32; int8 reads a residual add's operands as int8 at its scale (but the one accumulator its "
         "conv's epilogue adds them to), as VTA's int8 stores between kernels need (the default of --target vta-sim) "
         "and as ONNX Runtime's QLinearAdd does: on a CPU each conv then writes int8, not int32 and a requantize "
-        "(mobilenet_v2 int8 x86 about 10% faster).")
+        "(mobilenet_v2 int8 x86 about 10% faster).",
+    )
     weight_scale: Literal["power2"] = Field("power2", description="Weight scales are powers of two.")
     calibrate_mode: Literal["global_scale", "max", "percentile"] = Field(
         "global_scale",
@@ -261,32 +297,47 @@ class PackConfig(_Strict):
     start_name: str = Field("nn.max_pool2d", description="Packing starts after this operator.")
     stop_name: str = Field("nn.global_avg_pool2d", description="Packing stops before this operator.")
     start_name_idx: int | None = Field(None, ge=0, description="Which occurrence of start_name (0 = first).")
-    stop_name_idx: int | None = Field(None, ge=0, description="Which occurrence of stop_name (default: the first after the start).")
+    stop_name_idx: int | None = Field(
+        None, ge=0, description="Which occurrence of stop_name (default: the first after the start)."
+    )
     layout: Literal["vta", "x86"] = Field(
-        "vta", description="Packed weight layout: vta (OIHW16o16i, what VTA executes) or x86 (OIHW16o4i with uint8 "
-                           "activations where they are non-negative: the CPU's int8 dot product, VNNI/AVX2).")
+        "vta",
+        description="Packed weight layout: vta (OIHW16o16i, what VTA executes) or x86 (OIHW16o4i with uint8 "
+        "activations where they are non-negative: the CPU's int8 dot product, VNNI/AVX2).",
+    )
     pad_channels: bool = Field(
-        False, description="Zero-pad channel counts that cfactor does not divide up to the next multiple inside the "
-                           "region (values unchanged), instead of refusing them: mobilenet_v2's 24-channel layers in "
-                           "blocks of 16, one AVX-512 register.")
+        False,
+        description="Zero-pad channel counts that cfactor does not divide up to the next multiple inside the "
+        "region (values unchanged), instead of refusing them: mobilenet_v2's 24-channel layers in "
+        "blocks of 16, one AVX-512 register.",
+    )
     stem: bool = Field(
-        False, description="Pack the start operator too, when it is a conv over fewer channels than cfactor (an "
-                           "image's 3): its input packed as one block (int8: zero-padded to 4 channels, so the stem "
-                           "runs on the CPU's dot product; x86 layout) and its output in the block. Start the region "
-                           "at the stem: --pack-start nn.conv2d; quantize it: --skip-conv-layers ''.")
+        False,
+        description="Pack the start operator too, when it is a conv over fewer channels than cfactor (an "
+        "image's 3): its input packed as one block (int8: zero-padded to 4 channels, so the stem "
+        "runs on the CPU's dot product; x86 layout) and its output in the block. Start the region "
+        "at the stem: --pack-start nn.conv2d; quantize it: --skip-conv-layers ''.",
+    )
     depthwise_dot: bool = Field(
-        False, description="x86 layout, blocks of 16: int8 depthwise convs whose input is non-negative take the CPU's "
-                           "dot product too (each kernel row padded to 4 taps, OIHW16o4w; vpermb + vpdpbusd where the "
-                           "CPU has AVX512-VNNI and VBMI, else the same taps on int32 lanes, a fourth of them zero).")
+        False,
+        description="x86 layout, blocks of 16: int8 depthwise convs whose input is non-negative take the CPU's "
+        "dot product too (each kernel row padded to 4 taps, OIHW16o4w; vpermb + vpdpbusd where the "
+        "CPU has AVX512-VNNI and VBMI, else the same taps on int32 lanes, a fourth of them zero).",
+    )
     winograd: bool = Field(
-        False, description="Float packed 3x3 stride-1 convs whose output is at least 14 wide run as Winograd "
-                           "F(4x4, 3x3): a fourth of the multiplies, weights transformed at build time; tuned in "
-                           "their own design space (CPU targets).")
+        False,
+        description="Float packed 3x3 stride-1 convs whose output is at least 14 wide run as Winograd "
+        "F(4x4, 3x3): a fourth of the multiplies, weights transformed at build time; tuned in "
+        "their own design space (CPU targets).",
+    )
     winograd_small_below: int = Field(
-        28, ge=0, description="With --winograd: convs whose output is narrower than this run as F(2x2, 3x3) "
-                              "instead, whose transformed weights are 16/9 of the direct conv's, not 36/9: in the "
-                              "network a deep conv streams them from beyond its core's L2 on every call. 0: F(4x4) "
-                              "everywhere.")
+        28,
+        ge=0,
+        description="With --winograd: convs whose output is narrower than this run as F(2x2, 3x3) "
+        "instead, whose transformed weights are 16/9 of the direct conv's, not 36/9: in the "
+        "network a deep conv streams them from beyond its core's L2 on every call. 0: F(4x4) "
+        "everywhere.",
+    )
 
 
 class LayoutConfig(_Strict):
@@ -295,13 +346,18 @@ class LayoutConfig(_Strict):
     the optimization level (`opt`); a field given here wins over it."""
 
     enabled: bool | None = Field(
-        None, description="Every conv2d in blocked NCHW[x]c (the target's vector lanes), tuned in the packed design "
-                          "spaces; unset: on from O1.")
+        None,
+        description="Every conv2d in blocked NCHW[x]c (the target's vector lanes), tuned in the packed design "
+        "spaces; unset: on from O1.",
+    )
     winograd: bool | None = Field(
-        None, description="Float blocked 3x3 stride-1 convs whose output is at least 14 wide as Winograd F(4x4, 3x3) "
-                          "(F(2x2, 3x3) below winograd_small_below); unset: on at O2.")
+        None,
+        description="Float blocked 3x3 stride-1 convs whose output is at least 14 wide as Winograd F(4x4, 3x3) "
+        "(F(2x2, 3x3) below winograd_small_below); unset: on at O2.",
+    )
     winograd_small_below: int = Field(
-        28, ge=0, description="Convs whose output is narrower than this take Winograd F(2x2, 3x3) instead of F(4x4).")
+        28, ge=0, description="Convs whose output is narrower than this take Winograd F(2x2, 3x3) instead of F(4x4)."
+    )
 
 
 class BoardConfig(_Strict):
@@ -310,17 +366,25 @@ class BoardConfig(_Strict):
     )
     key: str = Field("host", description="Device key the boards register under.")
     local_servers: int = Field(
-        1, gt=0, description="rpc_server processes of the local board. More than one time candidates at the "
-                             "same time on the same cores, each slowing the others: keep 1 unless measuring "
-                             "is what you are testing.")
+        1,
+        gt=0,
+        description="rpc_server processes of the local board. More than one time candidates at the "
+        "same time on the same cores, each slowing the others: keep 1 unless measuring "
+        "is what you are testing.",
+    )
     local_threads: int | None = Field(
-        None, gt=0, description="Threads the local board runs kernels with (TVM_NUM_THREADS of its servers); "
-                                "default: the target's num-cores, else this machine's logical CPUs.")
+        None,
+        gt=0,
+        description="Threads the local board runs kernels with (TVM_NUM_THREADS of its servers); "
+        "default: the target's num-cores, else this machine's logical CPUs.",
+    )
     max_boards: int | None = Field(None, gt=0, description="Use at most this many boards at once.")
     mismatch: Literal["refuse", "warn"] = Field(
-        "refuse", description="A board that runs another TVM version than this host, or kernels with other than "
-                              "the target's num-cores threads: refuse it before any work (the run fails naming the "
-                              "board and the fix), or warn and measure anyway (its times hold for its threads only).")
+        "refuse",
+        description="A board that runs another TVM version than this host, or kernels with other than "
+        "the target's num-cores threads: refuse it before any work (the run fails naming the "
+        "board and the fix), or warn and measure anyway (its times hold for its threads only).",
+    )
 
     @field_validator("tracker")
     @classmethod
@@ -349,7 +413,8 @@ class PipelineConfig(_Strict):
         description="Optimization preset of CPU targets (vta_pipeline.presets): O0 = TVM's generic "
         "design spaces in plain NCHW; O1 = every conv blocked (NCHW[x]c, int8 on the CPU's dot product) in the "
         "packed design spaces; O2 = O1 and Winograd for float 3x3 convs. Explicit layout.* fields override it; "
-        "--pack/--vta take graph pack's layout instead.")
+        "--pack/--vta take graph pack's layout instead.",
+    )
     layout: LayoutConfig = LayoutConfig()
     tune: TuneConfig = TuneConfig()
     measure: MeasureConfig = MeasureConfig()
@@ -361,9 +426,11 @@ class PipelineConfig(_Strict):
     guard: GuardConfig = GuardConfig()
     store: Path = Field(Path("vta-store"), description="Artifact store directory.")
     min_free_gib: float = Field(
-        1.0, ge=0,
+        1.0,
+        ge=0,
         description="Free space (GiB) the store's filesystem must have when a run starts; below it the run stops "
-                    "at once and says to run `vta-pipeline store gc` (0 turns the check off).")
+        "at once and says to run `vta-pipeline store gc` (0 turns the check off).",
+    )
 
 
 def parse_hostport(s: str) -> tuple[str, int]:

@@ -181,8 +181,12 @@ def lease(work_dir: Path, target) -> Iterator[Any]:
         scope.active.add(work_dir.name)
         total = scope.samples
     if added:
-        log.info("cost model for %s: trained on %d more record(s) from the store (%d in all)",
-                 work_dir.parent.name, added, total)
+        log.info(
+            "cost model for %s: trained on %d more record(s) from the store (%d in all)",
+            work_dir.parent.name,
+            added,
+            total,
+        )
     try:
         yield _locked_model(scope)
     finally:

@@ -30,8 +30,11 @@ def layout_config(r: presets.Recipe, target_json: dict[str, Any]) -> dict[str, A
     """The step's config (part of its key): the blocks for the target, Winograd's choice."""
     from .passes.cpu_layout import params_for
 
-    return {"params": asdict(params_for(target_json)), "winograd": r.winograd,
-            **({"winograd_small_below": r.winograd_small_below} if r.winograd else {})}
+    return {
+        "params": asdict(params_for(target_json)),
+        "winograd": r.winograd,
+        **({"winograd_small_below": r.winograd_small_below} if r.winograd else {}),
+    }
 
 
 def layout_model(model_dir: Path, config: dict[str, Any], out_dir: Path) -> dict[str, Any]:
@@ -52,6 +55,12 @@ def layout_model(model_dir: Path, config: dict[str, Any], out_dir: Path) -> dict
     (out_dir / "blocked.py").write_text(mod.script(show_meta=False))
     (out_dir / "layout.json").write_text(json.dumps(report, indent=1))
     shutil.copy2(Path(model_dir) / "reference.npz", out_dir / "reference.npz")
-    return {"convs": rep.convs, "blocked_convs": rep.blocked_convs, "plain_convs": len(rep.plain_convs),
-            "transforms": sum(rep.transforms.values()), "padded_convs": rep.padded_convs,
-            "uint8_convs": rep.uint8_convs, "winograd_convs": winograd}
+    return {
+        "convs": rep.convs,
+        "blocked_convs": rep.blocked_convs,
+        "plain_convs": len(rep.plain_convs),
+        "transforms": sum(rep.transforms.values()),
+        "padded_convs": rep.padded_convs,
+        "uint8_convs": rep.uint8_convs,
+        "winograd_convs": winograd,
+    }

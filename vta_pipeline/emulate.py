@@ -132,8 +132,15 @@ def _eval(name: str, call: Any, args: list[Any], out_dtype: str) -> np.ndarray:
         if str(a.data_layout) != "NCHW" or str(a.kernel_layout) != "OIHW":
             raise ModelError(f"the emulator evaluates NCHW/OIHW convs only, got {a.data_layout}/{a.kernel_layout}")
         integer = out_dtype.startswith("int")
-        return conv2d(args[0], args[1], [int(s) for s in a.strides], [int(p) for p in a.padding],
-                      [int(d) for d in a.dilation], int(a.groups), integer)
+        return conv2d(
+            args[0],
+            args[1],
+            [int(s) for s in a.strides],
+            [int(p) for p in a.padding],
+            [int(d) for d in a.dilation],
+            int(a.groups),
+            integer,
+        )
     if name == "nn.max_pool2d":
         return _pool(args[0], a, "max")
     if name == "nn.avg_pool2d":

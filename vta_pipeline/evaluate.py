@@ -53,8 +53,9 @@ class Evaluation:
         return asdict(self)
 
 
-def plan_timing(number: int, repeat: int, min_repeat_ms: float, max_seconds: float | None,
-                per_run_s: float) -> tuple[int, int]:
+def plan_timing(
+    number: int, repeat: int, min_repeat_ms: float, max_seconds: float | None, per_run_s: float
+) -> tuple[int, int]:
     """(runs per repeat, repeats) for a network that runs in `per_run_s`.
 
     Runs per repeat: at least `number`, and enough that one repeat lasts `min_repeat_ms`. A
@@ -111,8 +112,11 @@ class _Calls:
 
     def upload(self, remote, lib_path: Path, target: str | None = None) -> None:
         size = Path(lib_path).stat().st_size
-        self(f"uploading {Path(lib_path).name} ({size / 2**20:.1f} MiB)",
-             lambda: remote.upload(str(lib_path), target=target), extra_s=size / UPLOAD_MIN_BYTES_PER_S)
+        self(
+            f"uploading {Path(lib_path).name} ({size / 2**20:.1f} MiB)",
+            lambda: remote.upload(str(lib_path), target=target),
+            extra_s=size / UPLOAD_MIN_BYTES_PER_S,
+        )
 
 
 def _request_board(tracker: tuple[str, int], key: str, session_timeout: int, calls: _Calls | None = None):
@@ -129,8 +133,10 @@ def _request_board(tracker: tuple[str, int], key: str, session_timeout: int, cal
         )
     calls = calls or _Calls(tracker, key, BOARD_TIMEOUT_S)
     try:
-        return calls("requesting a session",
-                     lambda: rpc.connect_tracker(host, port).request(key, priority=1, session_timeout=session_timeout))
+        return calls(
+            "requesting a session",
+            lambda: rpc.connect_tracker(host, port).request(key, priority=1, session_timeout=session_timeout),
+        )
     except BoardHung:
         raise
     except Exception as e:
@@ -194,18 +200,24 @@ def evaluate_on_board(
         if vta:
             from .vta.network import time_on_board
 
-            split = calls(f"simulating {name}",
-                          lambda: time_on_board(vm, dev, remote, [xd], repeat=min(repeat, MIN_REPEAT)),
-                          extra_s=board_timeout_s * min(repeat, MIN_REPEAT))
+            split = calls(
+                f"simulating {name}",
+                lambda: time_on_board(vm, dev, remote, [xd], repeat=min(repeat, MIN_REPEAT)),
+                extra_s=board_timeout_s * min(repeat, MIN_REPEAT),
+            )
             number, reps = 1, [split.total_ms]
         else:
-            per_run_s = calls(f"a warm-up run of {name}",
-                              lambda: vm.time_evaluator("main", dev, number=1, repeat=1)(xd).mean)  # ... and sized
+            per_run_s = calls(
+                f"a warm-up run of {name}", lambda: vm.time_evaluator("main", dev, number=1, repeat=1)(xd).mean
+            )  # ... and sized
             _believable(per_run_s, key, name)
             number, repeat = plan_timing(number, repeat, min_repeat_ms, max_seconds, per_run_s)
             timer = vm.time_evaluator("main", dev, number=number, repeat=repeat)
-            res = calls(f"timing {name} ({repeat} x {number} runs)", lambda: timer(xd),
-                        extra_s=_timed_s(number, repeat, per_run_s))
+            res = calls(
+                f"timing {name} ({repeat} x {number} runs)",
+                lambda: timer(xd),
+                extra_s=_timed_s(number, repeat, per_run_s),
+            )
             _believable(list(res.results), key, name)
             reps = [float(r) * 1e3 for r in res.results]
         who = calls("asking who the board is", lambda: remote_identity(remote))
@@ -275,8 +287,9 @@ def time_in_turn(
     from tvm import relax
 
     if rounds < 1 or len(libs) + len(local) < 2:
-        raise ValueError(f"timing in turn needs two or more engines and a round or more, got "
-                         f"{len(libs) + len(local)} and {rounds}")
+        raise ValueError(
+            f"timing in turn needs two or more engines and a round or more, got {len(libs) + len(local)} and {rounds}"
+        )
     calls = _Calls(tracker, key, board_timeout_s)
     remote = _request_board(tracker, key, session_timeout, calls)
     try:
@@ -290,12 +303,22 @@ def time_in_turn(
             once = vm.time_evaluator("main", dev, number=1, repeat=1)
             # sized on a warm run: the first run of a build pays its page faults and the threads'
             # wake-up, and runs sized on it were too few to fill min_repeat_ms
-            per_run_s = min(calls(f"a warm-up run of {name}", lambda: vm.time_evaluator(
-                "main", dev, number=1, repeat=2)(xd).results))
+            per_run_s = min(
+                calls(
+                    f"a warm-up run of {name}", lambda: vm.time_evaluator("main", dev, number=1, repeat=2)(xd).results
+                )
+            )
             _believable(per_run_s, key, Path(lib_path).name)
             number, _ = plan_timing(1, 1, min_repeat_ms, None, per_run_s)
-            timers.append((vm.time_evaluator("main", dev, number=number, repeat=1), xd, Path(lib_path).name,
-                           _timed_s(number, 1, per_run_s), once))
+            timers.append(
+                (
+                    vm.time_evaluator("main", dev, number=number, repeat=1),
+                    xd,
+                    Path(lib_path).name,
+                    _timed_s(number, 1, per_run_s),
+                    once,
+                )
+            )
 
         def board_ms(t, xd, name, extra_s, once) -> float:
             calls(f"a warm-up run of {name}", lambda: once(xd))  # untimed, as each local engine's first run
@@ -315,5 +338,7 @@ def time_in_turn(
     except BoardError:
         raise
     except Exception as e:
-        raise BoardError(f"timing {', '.join(Path(p).name for p in libs)} in turn on a {key!r} board failed: {e}") from None
+        raise BoardError(
+            f"timing {', '.join(Path(p).name for p in libs)} in turn on a {key!r} board failed: {e}"
+        ) from None
     return ms

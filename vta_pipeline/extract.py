@@ -65,11 +65,26 @@ def _linear(expr, block, axis: int):
         return None
 
 
-CONV_BLOCKS = ("conv2d_nchw", "group_conv2d_nchw", "DepthwiseConv2d", "conv2d_packed", "conv2d_dot_packed",
-               "depthwise_conv2d_packed", "depthwise_conv2d_dot_packed",
-               "conv2d_nhwc", "group_conv2d_nhwc", "depthwise_conv2d_nhwc")
-CONV_OPS = ("conv2d", "depthwise_conv2d", "group_conv2d", "packed_conv2d", "packed_depthwise_conv2d",
-            "packed_conv2d_winograd")
+CONV_BLOCKS = (
+    "conv2d_nchw",
+    "group_conv2d_nchw",
+    "DepthwiseConv2d",
+    "conv2d_packed",
+    "conv2d_dot_packed",
+    "depthwise_conv2d_packed",
+    "depthwise_conv2d_dot_packed",
+    "conv2d_nhwc",
+    "group_conv2d_nhwc",
+    "depthwise_conv2d_nhwc",
+)
+CONV_OPS = (
+    "conv2d",
+    "depthwise_conv2d",
+    "group_conv2d",
+    "packed_conv2d",
+    "packed_depthwise_conv2d",
+    "packed_conv2d_winograd",
+)
 # The blocks of passes/winograd.py's conv (by name, so reading a task needs no import of the pass)
 WINOGRAD_PAD, WINOGRAD_GEMM, WINOGRAD_INVERSE = "winograd_pad", "winograd_gemm", "winograd_inverse"
 
@@ -142,8 +157,13 @@ def conv2d_workload(prim_mod) -> tuple[str, list[int]] | None:
     return op, [n, h, w, c, oc, kh, kw, pad_h, pad_w, sh, sw]
 
 
-def extract_tasks(imported_dir: Path, target_spec: dict[str, Any], out_dir: Path,
-                  layout: str = "NCHW", vta: dict[str, Any] | None = None) -> dict[str, Any]:
+def extract_tasks(
+    imported_dir: Path,
+    target_spec: dict[str, Any],
+    out_dir: Path,
+    layout: str = "NCHW",
+    vta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Lower the imported network (convs in `layout`) and write its tuning tasks into out_dir.
 
     `target_spec` is the full target JSON, host included: GPU tasks are extracted for the
@@ -207,12 +227,25 @@ def _offload_vta(mod: Any, vta: dict[str, Any], out_dir: Path) -> dict[str, Any]
     mod, report = offload_convs(mod, cfg, lambda wl, epi: default_knobs(wl, cfg, epi))
     tasks = vta_tasks.tasks_of(report)
     vta_tasks.save_tasks(out_dir, tasks)
-    (out_dir / "offload.json").write_text(json.dumps(
-        [{"name": c.name, "on_vta": c.on_vta, "workload": c.workload.__dict__ if c.workload else None,
-          "reason": c.reason} for c in report], indent=1))
+    (out_dir / "offload.json").write_text(
+        json.dumps(
+            [
+                {
+                    "name": c.name,
+                    "on_vta": c.on_vta,
+                    "workload": c.workload.__dict__ if c.workload else None,
+                    "reason": c.reason,
+                }
+                for c in report
+            ],
+            indent=1,
+        )
+    )
     on_vta = sum(c.on_vta for c in report)
-    return {"module": mod, "meta": {"vta_convs": on_vta, "cpu_packed_convs": len(report) - on_vta,
-                                    "vta_tasks": len(tasks)}}
+    return {
+        "module": mod,
+        "meta": {"vta_convs": on_vta, "cpu_packed_convs": len(report) - on_vta, "vta_tasks": len(tasks)},
+    }
 
 
 def load_tasks(extract_dir: Path) -> list[TaskInfo]:

@@ -59,21 +59,29 @@ class Verdict:
             return f"first recorded run: {self.tonight_ms:.3f} ms"
         if self.in_turn is not None:
             t = self.in_turn
-            timed = (f"timed in turn on the board ({t['rounds']} rounds): tonight {t['tonight_median_ms']:.3f} ms vs "
-                     f"the best night {self.best_night}'s build {t['best_median_ms']:.3f} ms "
-                     f"({100 * (t['ratio'] - 1):+.1f}% per round, median; allowed {self.max_regression_pct:g}%)")
+            timed = (
+                f"timed in turn on the board ({t['rounds']} rounds): tonight {t['tonight_median_ms']:.3f} ms vs "
+                f"the best night {self.best_night}'s build {t['best_median_ms']:.3f} ms "
+                f"({100 * (t['ratio'] - 1):+.1f}% per round, median; allowed {self.max_regression_pct:g}%)"
+            )
             if self.regressed:
                 return f"REGRESSION: {timed}; the build of {self.best_night} stays current"
-            return (f"tuned {self.tonight_ms:.3f} ms was {self.worse_pct:.1f}% slower than the best night's "
-                    f"{self.best_ms:.3f} ms in the evaluations, but {timed}: not a regression, tonight's build "
-                    f"becomes current")
+            return (
+                f"tuned {self.tonight_ms:.3f} ms was {self.worse_pct:.1f}% slower than the best night's "
+                f"{self.best_ms:.3f} ms in the evaluations, but {timed}: not a regression, tonight's build "
+                f"becomes current"
+            )
         if self.regressed:
-            return (f"REGRESSION: tuned {self.tonight_ms:.3f} ms is {self.worse_pct:.1f}% slower than the best "
-                    f"night {self.best_night} ({self.best_ms:.3f} ms; allowed {self.max_regression_pct:g}%); "
-                    f"the build of {self.best_night} stays current"
-                    + (f" (not confirmed in turn: {self.in_turn_error})" if self.in_turn_error else ""))
-        return (f"tuned {self.tonight_ms:.3f} ms vs best night {self.best_night} {self.best_ms:.3f} ms "
-                f"({self.worse_pct:+.1f}%)")
+            return (
+                f"REGRESSION: tuned {self.tonight_ms:.3f} ms is {self.worse_pct:.1f}% slower than the best "
+                f"night {self.best_night} ({self.best_ms:.3f} ms; allowed {self.max_regression_pct:g}%); "
+                f"the build of {self.best_night} stays current"
+                + (f" (not confirmed in turn: {self.in_turn_error})" if self.in_turn_error else "")
+            )
+        return (
+            f"tuned {self.tonight_ms:.3f} ms vs best night {self.best_night} {self.best_ms:.3f} ms "
+            f"({self.worse_pct:+.1f}%)"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dict(asdict(self), message=self.message)
@@ -82,9 +90,14 @@ class Verdict:
 def check(store_root: Path, result: dict[str, Any], max_regression_pct: float) -> Verdict:
     """Tonight's tuned latency vs the best correct tuned latency of every earlier run of its
     variant (earlier rows whose variant is unknown, their run's result gone, are left out)."""
-    f = ((pc.field("model") == result["model"]) & (pc.field("target") == result["target"])
-         & (pc.field("board_key") == result["board_key"]) & (pc.field("build") == "tuned")
-         & (pc.field("correct") == True) & (pc.field("run_id") != result["run_id"]))  # noqa: E712
+    f = (
+        (pc.field("model") == result["model"])
+        & (pc.field("target") == result["target"])
+        & (pc.field("board_key") == result["board_key"])
+        & (pc.field("build") == "tuned")
+        & (pc.field("correct") == True)  # noqa: E712 - an Arrow expression, not a Python truth test
+        & (pc.field("run_id") != result["run_id"])
+    )
     mine = variant.of_result(result)
     rows = [r for r in history.evaluations(store_root, f) if r["variant"] == mine]
     tonight = result["tuned"]["mean_ms"]
@@ -92,8 +105,9 @@ def check(store_root: Path, result: dict[str, Any], max_regression_pct: float) -
         return Verdict(False, tonight, None, None, None, None, max_regression_pct)
     best = min(rows, key=lambda r: r["mean_ms"])
     worse = 100.0 * (tonight / best["mean_ms"] - 1.0)
-    return Verdict(worse > max_regression_pct, tonight, best["mean_ms"], best["night"], best["build_id"], worse,
-                   max_regression_pct)
+    return Verdict(
+        worse > max_regression_pct, tonight, best["mean_ms"], best["night"], best["build_id"], worse, max_regression_pct
+    )
 
 
 def confirm_in_turn(verdict: Verdict, tonight_ms: list[float], best_ms: list[float]) -> Verdict:
@@ -103,8 +117,14 @@ def confirm_in_turn(verdict: Verdict, tonight_ms: list[float], best_ms: list[flo
     if len(tonight_ms) != len(best_ms) or not tonight_ms:
         raise ValueError(f"in-turn timings need one time per build per round, got {len(tonight_ms)} and {len(best_ms)}")
     ratio = statistics.median(t / b for t, b in zip(tonight_ms, best_ms))
-    in_turn = {"rounds": len(tonight_ms), "tonight_ms": tonight_ms, "best_ms": best_ms, "ratio": ratio,
-               "tonight_median_ms": statistics.median(tonight_ms), "best_median_ms": statistics.median(best_ms)}
+    in_turn = {
+        "rounds": len(tonight_ms),
+        "tonight_ms": tonight_ms,
+        "best_ms": best_ms,
+        "ratio": ratio,
+        "tonight_median_ms": statistics.median(tonight_ms),
+        "best_median_ms": statistics.median(best_ms),
+    }
     return replace(verdict, regressed=100.0 * (ratio - 1.0) > verdict.max_regression_pct, in_turn=in_turn)
 
 
@@ -131,14 +151,21 @@ def read_current(store_root: Path, model: str, target: str, key: str, variant_: 
     try:
         cur = json.loads(p.read_text())
     except ValueError:
-        log.warning("current build record %s does not parse (torn by a power cut or a full disk?): "
-                    "read as absent; the next night's promotion rewrites it", p)
+        log.warning(
+            "current build record %s does not parse (torn by a power cut or a full disk?): "
+            "read as absent; the next night's promotion rewrites it",
+            p,
+        )
         return None
     want, lib = cur.get("lib_sha256"), Path(cur.get("lib", p.with_suffix(".so")))
     cur["lib_ok"] = lib.is_file() and (want is None or sha256_file(lib) == want)
     if not cur["lib_ok"]:
-        log.warning("the current build's library %s is missing or not the one promoted (SHA-256 differs): "
-                    "the next promotion copies it again from %s", lib, cur.get("artifact"))
+        log.warning(
+            "the current build's library %s is missing or not the one promoted (SHA-256 differs): "
+            "the next promotion copies it again from %s",
+            lib,
+            cur.get("artifact"),
+        )
     return cur
 
 
@@ -165,8 +192,19 @@ def promote(store: ArtifactStore, result: dict[str, Any], verdict: Verdict) -> d
         os.close(fd)
         shutil.copy2(art.file("model.so"), name)
         durable_replace(Path(name), lib)
-    cur = {"model": model, "variant": var, "target": target, "board_key": key, "build_id": build_id, "night": night,
-           "tuned_ms": ms, "lib": str(lib), "lib_sha256": sha256_file(lib), "artifact": str(art.path), "why": why,
-           "run_id": result["run_id"]}
+    cur = {
+        "model": model,
+        "variant": var,
+        "target": target,
+        "board_key": key,
+        "build_id": build_id,
+        "night": night,
+        "tuned_ms": ms,
+        "lib": str(lib),
+        "lib_sha256": sha256_file(lib),
+        "artifact": str(art.path),
+        "why": why,
+        "run_id": result["run_id"],
+    }
     atomic_write_text(p, json.dumps(cur, indent=1))
     return cur

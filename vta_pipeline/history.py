@@ -41,53 +41,57 @@ from .store import durable_replace
 MEASUREMENTS = "measurements"
 EVALUATIONS = "evaluations"
 
-MEASUREMENT_SCHEMA = pa.schema([
-    ("measurement_id", pa.string()),
-    ("run_id", pa.string()),
-    ("night", pa.string()),
-    ("session", pa.string()),
-    ("model", pa.string()),
-    ("target", pa.string()),      # preset name or target JSON, as configured
-    ("target_id", pa.string()),   # the exact TVM target (+host): records only replay on the same one
-    ("board_key", pa.string()),
-    ("task", pa.string()),
-    ("workload_key", pa.string()),
-    ("trial", pa.int32()),
-    ("measured_at", pa.timestamp("ms", tz="UTC")),
-    ("schedule_hash", pa.string()),
-    ("record", pa.string()),      # MetaSchedule TuningRecord JSON (valid measurements)
-    ("latency_ms", pa.float64()),
-    ("gflops", pa.float64()),
-    ("error", pa.string()),
-    ("threads", pa.int32()),      # threads the board ran the candidate with (as it reported them)
-    ("board", pa.string()),       # the board(s) under the key that measured it (boards.describe_boards)
-    ("tvm_version", pa.string()), # the TVM they ran; both null in rows before them or from stock servers
-])
+MEASUREMENT_SCHEMA = pa.schema(
+    [
+        ("measurement_id", pa.string()),
+        ("run_id", pa.string()),
+        ("night", pa.string()),
+        ("session", pa.string()),
+        ("model", pa.string()),
+        ("target", pa.string()),  # preset name or target JSON, as configured
+        ("target_id", pa.string()),  # the exact TVM target (+host): records only replay on the same one
+        ("board_key", pa.string()),
+        ("task", pa.string()),
+        ("workload_key", pa.string()),
+        ("trial", pa.int32()),
+        ("measured_at", pa.timestamp("ms", tz="UTC")),
+        ("schedule_hash", pa.string()),
+        ("record", pa.string()),  # MetaSchedule TuningRecord JSON (valid measurements)
+        ("latency_ms", pa.float64()),
+        ("gflops", pa.float64()),
+        ("error", pa.string()),
+        ("threads", pa.int32()),  # threads the board ran the candidate with (as it reported them)
+        ("board", pa.string()),  # the board(s) under the key that measured it (boards.describe_boards)
+        ("tvm_version", pa.string()),  # the TVM they ran; both null in rows before them or from stock servers
+    ]
+)
 
-EVALUATION_SCHEMA = pa.schema([
-    ("evaluation_id", pa.string()),
-    ("run_id", pa.string()),
-    ("night", pa.string()),
-    ("model", pa.string()),
-    ("target", pa.string()),
-    ("target_id", pa.string()),
-    ("board_key", pa.string()),
-    ("build", pa.string()),       # untuned | tuned
-    ("build_id", pa.string()),    # the build artifact: what "keep the previous best build" points at
-    ("mean_ms", pa.float64()),
-    ("median_ms", pa.float64()),
-    ("std_ms", pa.float64()),
-    ("correct", pa.bool_()),
-    ("max_abs_err", pa.float64()),
-    ("trials", pa.int64()),
-    ("tuning_tasks", pa.int64()),
-    ("run_seconds", pa.float64()),
-    ("evaluated_at", pa.timestamp("ms", tz="UTC")),
-    ("threads", pa.int32()),      # threads the board ran the network with (as it reported them)
-    ("variant", pa.string()),     # variant.of the run's config (fp32 / int8, pack): null in rows before it
-    ("board", pa.string()),       # the board that ran the network (its host name)
-    ("tvm_version", pa.string()), # the TVM it ran
-])
+EVALUATION_SCHEMA = pa.schema(
+    [
+        ("evaluation_id", pa.string()),
+        ("run_id", pa.string()),
+        ("night", pa.string()),
+        ("model", pa.string()),
+        ("target", pa.string()),
+        ("target_id", pa.string()),
+        ("board_key", pa.string()),
+        ("build", pa.string()),  # untuned | tuned
+        ("build_id", pa.string()),  # the build artifact: what "keep the previous best build" points at
+        ("mean_ms", pa.float64()),
+        ("median_ms", pa.float64()),
+        ("std_ms", pa.float64()),
+        ("correct", pa.bool_()),
+        ("max_abs_err", pa.float64()),
+        ("trials", pa.int64()),
+        ("tuning_tasks", pa.int64()),
+        ("run_seconds", pa.float64()),
+        ("evaluated_at", pa.timestamp("ms", tz="UTC")),
+        ("threads", pa.int32()),  # threads the board ran the network with (as it reported them)
+        ("variant", pa.string()),  # variant.of the run's config (fp32 / int8, pack): null in rows before it
+        ("board", pa.string()),  # the board that ran the network (its host name)
+        ("tvm_version", pa.string()),  # the TVM it ran
+    ]
+)
 
 
 def history_dir(store_root: Path) -> Path:
@@ -114,10 +118,14 @@ def _whole_parts(store_root: Path, name: str) -> list[Path]:
                 os.replace(part, dest)
             except FileNotFoundError:  # another reader moved it first
                 continue
-            _log.warning("history part %s does not open (%s): moved to %s; the other parts are read. Its "
-                         "measurement rows come back with the next run over the same tuning tasks (they are "
-                         "keyed by content, and the trial logs keep them); evaluation rows in it are lost",
-                         part, str(e).splitlines()[0], dest)
+            _log.warning(
+                "history part %s does not open (%s): moved to %s; the other parts are read. Its "
+                "measurement rows come back with the next run over the same tuning tasks (they are "
+                "keyed by content, and the trial logs keep them); evaluation rows in it are lost",
+                part,
+                str(e).splitlines()[0],
+                dest,
+            )
             continue
         good.append(part)
     return good
@@ -130,12 +138,18 @@ def _dataset(store_root: Path, name: str, schema: pa.Schema) -> ds.Dataset | Non
     parts = _whole_parts(store_root, name)
     if not parts:
         return None
-    return ds.dataset([str(p) for p in parts], format="parquet", schema=schema, partition_base_dir=str(base),
-                      partitioning=ds.partitioning(pa.schema([("night", pa.string())]), flavor="hive"))
+    return ds.dataset(
+        [str(p) for p in parts],
+        format="parquet",
+        schema=schema,
+        partition_base_dir=str(base),
+        partitioning=ds.partitioning(pa.schema([("night", pa.string())]), flavor="hive"),
+    )
 
 
-def read(store_root: Path, name: str, filter: ds.Expression | None = None,
-         columns: list[str] | None = None) -> pa.Table:
+def read(
+    store_root: Path, name: str, filter: ds.Expression | None = None, columns: list[str] | None = None
+) -> pa.Table:
     """One history dataset as a table (empty, with the schema, when nothing was recorded)."""
     schema = MEASUREMENT_SCHEMA if name == MEASUREMENTS else EVALUATION_SCHEMA
     d = _dataset(store_root, name, schema)
@@ -165,7 +179,9 @@ def _append(store_root: Path, name: str, schema: pa.Schema, id_col: str, rows: l
         staging = history_dir(store_root) / f".staging-{name}-{uuid.uuid4().hex}"
         try:
             ds.write_dataset(
-                table, staging, format="parquet",
+                table,
+                staging,
+                format="parquet",
                 partitioning=ds.partitioning(pa.schema([("night", pa.string())]), flavor="hive"),
                 basename_template=f"part-{int(time.time())}-{uuid.uuid4().hex[:8]}-{{i}}.parquet",
             )
@@ -200,19 +216,41 @@ def measurement_rows(run: dict[str, Any], tune_dir: Path) -> list[dict[str, Any]
         except ValueError:
             continue
         # A row migrated from an old workload key keeps the identity it was first recorded under.
-        ident = json.dumps([run["target_id"], run["board_key"], t.get("measured_key", summary["workload_hash"]),
-                            t.get("session"), t.get("measured_trial", t["trial"]), t.get("t")])
+        ident = json.dumps(
+            [
+                run["target_id"],
+                run["board_key"],
+                t.get("measured_key", summary["workload_hash"]),
+                t.get("session"),
+                t.get("measured_trial", t["trial"]),
+                t.get("t"),
+            ]
+        )
         lat = t.get("latency_ms")
-        rows.append({
-            "measurement_id": hashlib.sha256(ident.encode()).hexdigest()[:32],
-            "run_id": run["run_id"], "night": run["night"], "session": t.get("session"),
-            "model": run["model"], "target": run["target"], "target_id": run["target_id"],
-            "board_key": run["board_key"], "task": summary["task"], "workload_key": summary["workload_hash"],
-            "trial": t["trial"], "measured_at": _ts(t.get("t")), "schedule_hash": t.get("schedule_hash"),
-            "record": json.dumps(t["record"]) if t.get("record") is not None else None,
-            "latency_ms": lat, "gflops": flops / lat / 1e6 if lat and flops else None, "error": t.get("error"),
-            "threads": t.get("threads"), "board": t.get("board"), "tvm_version": t.get("tvm"),
-        })
+        rows.append(
+            {
+                "measurement_id": hashlib.sha256(ident.encode()).hexdigest()[:32],
+                "run_id": run["run_id"],
+                "night": run["night"],
+                "session": t.get("session"),
+                "model": run["model"],
+                "target": run["target"],
+                "target_id": run["target_id"],
+                "board_key": run["board_key"],
+                "task": summary["task"],
+                "workload_key": summary["workload_hash"],
+                "trial": t["trial"],
+                "measured_at": _ts(t.get("t")),
+                "schedule_hash": t.get("schedule_hash"),
+                "record": json.dumps(t["record"]) if t.get("record") is not None else None,
+                "latency_ms": lat,
+                "gflops": flops / lat / 1e6 if lat and flops else None,
+                "error": t.get("error"),
+                "threads": t.get("threads"),
+                "board": t.get("board"),
+                "tvm_version": t.get("tvm"),
+            }
+        )
     return rows
 
 
@@ -220,18 +258,32 @@ def evaluation_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for build in ("untuned", "tuned"):
         e = result[build]
-        rows.append({
-            "evaluation_id": e.get("evaluation_id") or f"{result['run_id']}-{build}",
-            "run_id": result["run_id"], "night": result["night"], "model": result["model"],
-            "target": result["target"], "target_id": result.get("target_id"), "board_key": result["board_key"],
-            "build": build, "build_id": e.get("build_id"),
-            "mean_ms": e["mean_ms"], "median_ms": e.get("median_ms"), "std_ms": e.get("std_ms"),
-            "correct": bool(e.get("correct")), "max_abs_err": e.get("max_abs_err"),
-            "trials": sum(t.get("trials", 0) for t in result["tasks"]), "tuning_tasks": len(result["tasks"]),
-            "run_seconds": result.get("seconds"), "evaluated_at": _ts(result.get("finished")),
-            "threads": e.get("threads"), "variant": variant.of_result(result),
-            "board": e.get("board_name"), "tvm_version": e.get("tvm"),
-        })
+        rows.append(
+            {
+                "evaluation_id": e.get("evaluation_id") or f"{result['run_id']}-{build}",
+                "run_id": result["run_id"],
+                "night": result["night"],
+                "model": result["model"],
+                "target": result["target"],
+                "target_id": result.get("target_id"),
+                "board_key": result["board_key"],
+                "build": build,
+                "build_id": e.get("build_id"),
+                "mean_ms": e["mean_ms"],
+                "median_ms": e.get("median_ms"),
+                "std_ms": e.get("std_ms"),
+                "correct": bool(e.get("correct")),
+                "max_abs_err": e.get("max_abs_err"),
+                "trials": sum(t.get("trials", 0) for t in result["tasks"]),
+                "tuning_tasks": len(result["tasks"]),
+                "run_seconds": result.get("seconds"),
+                "evaluated_at": _ts(result.get("finished")),
+                "threads": e.get("threads"),
+                "variant": variant.of_result(result),
+                "board": e.get("board_name"),
+                "tvm_version": e.get("tvm"),
+            }
+        )
     return rows
 
 
@@ -285,8 +337,19 @@ def best_per_night(store_root: Path, model: str | None = None, target: str | Non
     by: dict[tuple, dict[str, Any]] = {}
     for r in evaluations(store_root, f):
         k = (r["model"], r["variant"], r["target"], r["board_key"], r["night"])
-        row = by.setdefault(k, {"model": k[0], "variant": k[1], "target": k[2], "board_key": k[3], "night": k[4],
-                                "best_ms": r["mean_ms"], "runs": set(), "trials": r["trials"]})
+        row = by.setdefault(
+            k,
+            {
+                "model": k[0],
+                "variant": k[1],
+                "target": k[2],
+                "board_key": k[3],
+                "night": k[4],
+                "best_ms": r["mean_ms"],
+                "runs": set(),
+                "trials": r["trials"],
+            },
+        )
         row["best_ms"] = min(row["best_ms"], r["mean_ms"])
         row["runs"].add(r["run_id"])
         row["trials"] = max(row["trials"] or 0, r["trials"] or 0)
@@ -300,8 +363,18 @@ def trend(store_root: Path, model: str, target: str | None = None) -> list[dict[
     by: dict[tuple, dict[str, Any]] = {}
     for r in evaluations(store_root, _match(model=model, target=target)):
         k = (r["variant"], r["target"], r["board_key"], r["night"])
-        row = by.setdefault(k, {"variant": k[0], "target": k[1], "board_key": k[2], "night": k[3],
-                                "untuned_ms": None, "tuned_ms": None, "trials": 0})
+        row = by.setdefault(
+            k,
+            {
+                "variant": k[0],
+                "target": k[1],
+                "board_key": k[2],
+                "night": k[3],
+                "untuned_ms": None,
+                "tuned_ms": None,
+                "trials": 0,
+            },
+        )
         col = f"{r['build']}_ms"
         if r["build"] == "tuned" and not r["correct"]:
             continue
@@ -319,17 +392,26 @@ def best_per_workload(store_root: Path, target: str | None = None) -> list[dict[
     f = pc.field("latency_ms").is_valid()
     if target is not None:
         f = f & (pc.field("target") == target)
-    t = read(store_root, MEASUREMENTS, filter=f,
-               columns=["target", "board_key", "workload_key", "task", "latency_ms", "gflops", "night", "model"])
+    t = read(
+        store_root,
+        MEASUREMENTS,
+        filter=f,
+        columns=["target", "board_key", "workload_key", "task", "latency_ms", "gflops", "night", "model"],
+    )
     if t.num_rows == 0:
         return []
     alias = workload_keys.aliases(store_root)
     if alias:  # rows recorded under a workload's old key count as that workload's
-        t = t.set_column(t.schema.get_field_index("workload_key"), "workload_key",
-                         pa.array([alias.get(k, k) for k in t.column("workload_key").to_pylist()], pa.string()))
+        t = t.set_column(
+            t.schema.get_field_index("workload_key"),
+            "workload_key",
+            pa.array([alias.get(k, k) for k in t.column("workload_key").to_pylist()], pa.string()),
+        )
     t = t.sort_by([("latency_ms", "ascending")])
-    counts = {(r["target"], r["board_key"], r["workload_key"]): r["latency_ms_count"]
-              for r in t.group_by(["target", "board_key", "workload_key"]).aggregate([("latency_ms", "count")]).to_pylist()}
+    counts = {
+        (r["target"], r["board_key"], r["workload_key"]): r["latency_ms_count"]
+        for r in t.group_by(["target", "board_key", "workload_key"]).aggregate([("latency_ms", "count")]).to_pylist()
+    }
     best: dict[tuple, dict[str, Any]] = {}
     for r in t.to_pylist():
         k = (r["target"], r["board_key"], r["workload_key"])
@@ -338,8 +420,9 @@ def best_per_workload(store_root: Path, target: str | None = None) -> list[dict[
     return sorted(best.values(), key=lambda r: (r["target"], r["board_key"], r["task"]))
 
 
-def best_records(store_root: Path, workload_key: str, target_id: str, board_key: str, k: int,
-                 exclude_session: str | None = None) -> tuple[list[Any], float | None, list[str]]:
+def best_records(
+    store_root: Path, workload_key: str, target_id: str, board_key: str, k: int, exclude_session: str | None = None
+) -> tuple[list[Any], float | None, list[str]]:
     """Up to k best distinct records of a workload from earlier sessions, their best latency,
     and the schedule hashes they were measured under (a replayed record does not always hash
     like the candidate that was measured, and a seed must not be measured again).
@@ -347,8 +430,12 @@ def best_records(store_root: Path, workload_key: str, target_id: str, board_key:
     Only records measured on the same TVM target and board key: a schedule's speed on
     another board says little, and MetaSchedule's database ignores the target."""
     keys = workload_keys.keys_of(store_root, workload_key)  # rows recorded before a key migration too
-    f = pc.field("workload_key").isin(keys) & (pc.field("target_id") == target_id) \
-        & (pc.field("board_key") == board_key) & pc.field("record").is_valid()
+    f = (
+        pc.field("workload_key").isin(keys)
+        & (pc.field("target_id") == target_id)
+        & (pc.field("board_key") == board_key)
+        & pc.field("record").is_valid()
+    )
     if exclude_session is not None:
         f = f & (pc.field("session").is_null() | (pc.field("session") != exclude_session))
     t = read(store_root, MEASUREMENTS, filter=f, columns=["session", "schedule_hash", "record", "latency_ms"])

@@ -82,7 +82,8 @@ def onnx_external_files(path: Path) -> list[Path]:
                 raise ModelError(
                     f"{path}: tensor {t.name!r} keeps its data in the external file {location!r}, "
                     f"which is not in {path.parent}: put the model's data files beside the .onnx file "
-                    "(as onnx.save_model(..., save_as_external_data=True) wrote them)")
+                    "(as onnx.save_model(..., save_as_external_data=True) wrote them)"
+                )
             files.add(f)
     return sorted(files)
 
@@ -141,14 +142,19 @@ def _check_finite(mod, params: list[np.ndarray], cfg: ModelConfig) -> None:
     func = mod["main"]
     n_in = int(func.attrs["num_input"]) if func.attrs and "num_input" in func.attrs else len(func.params) - len(params)
     names = [str(p.name) for p in func.params][n_in:]
-    bad = [(name, int(p.size - np.isfinite(p).sum()), p.size) for name, p in zip(names, params)
-           if np.issubdtype(p.dtype, np.floating) and not np.isfinite(p).all()]
+    bad = [
+        (name, int(p.size - np.isfinite(p).sum()), p.size)
+        for name, p in zip(names, params)
+        if np.issubdtype(p.dtype, np.floating) and not np.isfinite(p).all()
+    ]
     if bad:
         what = ", ".join(f"{name} ({n} of {size} values)" for name, n, size in bad[:5])
         more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
         model = cfg.path if cfg.source == "onnx" else f"{cfg.source} {cfg.name}"
-        raise ModelError(f"{model}: {len(bad)} weight tensor(s) hold NaN or infinity: {what}{more}. "
-                         "Re-export the model from a checkpoint whose weights are finite")
+        raise ModelError(
+            f"{model}: {len(bad)} weight tensor(s) hold NaN or infinity: {what}{more}. "
+            "Re-export the model from a checkpoint whose weights are finite"
+        )
 
 
 def _write(mod, params: list[np.ndarray], x, y, out_dir: Path, cfg: ModelConfig, shape) -> dict[str, Any]:
@@ -303,7 +309,7 @@ def load_module(art_dir: Path, bind_params: bool = True):
     # Bind by variable, not by name: ONNX exports (MXNet's among them) may list an
     # initializer among the graph inputs too, which gives two parameters the same name.
     func = mod["main"]
-    weights = list(func.params)[int(meta["num_input"]):]
+    weights = list(func.params)[int(meta["num_input"]) :]
     if len(weights) != len(params):
         raise ModelError(f"{art_dir}: the module takes {len(weights)} weights but params.npz holds {len(params)}")
     binding = {var: tvm.runtime.tensor(p) for var, p in zip(weights, params)}

@@ -87,8 +87,9 @@ def register() -> None:
 
     for lanes, isa in _FORMS:
         for signed in (False, True):
-            TensorIntrin.register(intrinsic_name(isa, lanes, signed), _desc(lanes, signed),
-                                  _impl(lanes, isa, signed), override=True)
+            TensorIntrin.register(
+                intrinsic_name(isa, lanes, signed), _desc(lanes, signed), _impl(lanes, isa, signed), override=True
+            )
     TensorIntrin.register(DEPTHWISE_VNNI, *_depthwise(), override=True)
     _registered = True
 
@@ -101,8 +102,11 @@ def _depthwise() -> tuple[Any, Any]:
     nbytes = 4 * LANES
 
     @T.prim_func(s_tir=True)
-    def desc(A: T.Buffer((4, 1, LANES), "int8", offset_factor=1), B: T.Buffer((LANES, 4), "int8", offset_factor=1),
-             C: T.Buffer((LANES,), "int32", offset_factor=1)) -> None:
+    def desc(
+        A: T.Buffer((4, 1, LANES), "int8", offset_factor=1),
+        B: T.Buffer((LANES, 4), "int8", offset_factor=1),
+        C: T.Buffer((LANES,), "int32", offset_factor=1),
+    ) -> None:
         with T.sblock("root"):
             T.reads(C[0:LANES], A[0:4, 0:1, 0:LANES], B[0:LANES, 0:4])
             T.writes(C[0:LANES])
@@ -113,20 +117,32 @@ def _depthwise() -> tuple[Any, Any]:
                         C[vi] = C[vi] + T.cast(A[vk, 0, vi], "int32") * T.cast(B[vi, vk], "int32")
 
     @T.prim_func(s_tir=True)
-    def impl(A: T.Buffer((4, 1, LANES), "int8", offset_factor=1), B: T.Buffer((LANES, 4), "int8", offset_factor=1),
-             C: T.Buffer((LANES,), "int32", offset_factor=1)) -> None:
+    def impl(
+        A: T.Buffer((4, 1, LANES), "int8", offset_factor=1),
+        B: T.Buffer((LANES, 4), "int8", offset_factor=1),
+        C: T.Buffer((LANES,), "int32", offset_factor=1),
+    ) -> None:
         with T.sblock("root"):
             T.reads(C[0:LANES], A[0:4, 0:1, 0:LANES], B[0:LANES, 0:4])
             T.writes(C[0:LANES])
             # byte l of the result is tap l % 4 of channel l // 4
             lane = T.ramp(T.int8(0), T.int8(1), nbytes)
-            index = (lane % T.broadcast(T.int8(4), nbytes)) * T.broadcast(T.int8(LANES), nbytes) + \
-                lane // T.broadcast(T.int8(4), nbytes)
-            taps = T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id("llvm.x86.avx512.permvar.qi.512"),
-                                           A.vload([0, 0, 0], dtype=f"int8x{nbytes}"), index, dtype=f"int8x{nbytes}")
+            index = (lane % T.broadcast(T.int8(4), nbytes)) * T.broadcast(T.int8(LANES), nbytes) + lane // T.broadcast(
+                T.int8(4), nbytes
+            )
+            taps = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.permvar.qi.512"),
+                A.vload([0, 0, 0], dtype=f"int8x{nbytes}"),
+                index,
+                dtype=f"int8x{nbytes}",
+            )
             C[T.ramp(0, 1, LANES)] = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"), C.vload([0], dtype=f"int32x{LANES}"),
-                taps, B.vload([0, 0], dtype=f"int8x{nbytes}"), dtype=f"int32x{LANES}")
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
+                C.vload([0], dtype=f"int32x{LANES}"),
+                taps,
+                B.vload([0, 0], dtype=f"int8x{nbytes}"),
+                dtype=f"int32x{LANES}",
+            )
 
     return desc, impl
 
@@ -186,14 +202,17 @@ def _step(A: Any, B: Any, C: Any, lo: Any, step: int, isa: str, signed: bool) ->
     nbytes = 4 * step
     bits = 32 * step
     # the 4 data bytes, repeated once per int32 lane
-    a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], f"{A.dtype}x4"), dtype="int32"), step),
-                      dtype=f"int8x{nbytes}")
+    a = T.reinterpret(
+        T.broadcast(T.reinterpret(A.vload([0], f"{A.dtype}x4"), dtype="int32"), step), dtype=f"int8x{nbytes}"
+    )
     b = B.vload([lo, 0], dtype=f"int8x{nbytes}")
     if signed:  # |a| * (sign(a) * b)
         if bits == 256:
             psign = T.llvm_lookup_intrinsic_id("llvm.x86.avx2.psign.b")
-            a, b = (T.call_llvm_pure_intrin(psign, a, a, dtype=f"int8x{nbytes}"),
-                    T.call_llvm_pure_intrin(psign, b, a, dtype=f"int8x{nbytes}"))
+            a, b = (
+                T.call_llvm_pure_intrin(psign, a, a, dtype=f"int8x{nbytes}"),
+                T.call_llvm_pure_intrin(psign, b, a, dtype=f"int8x{nbytes}"),
+            )
         else:
             negative = a < T.broadcast(T.int8(0), nbytes)
             zero = T.broadcast(T.int8(0), nbytes)
@@ -201,13 +220,19 @@ def _step(A: Any, B: Any, C: Any, lo: Any, step: int, isa: str, signed: bool) ->
     acc = C.vload([lo], dtype=f"int32x{step}")
     if isa == "vnni":
         return T.call_llvm_pure_intrin(
-            T.llvm_lookup_intrinsic_id(f"llvm.x86.avx512.vpdpbusd.{bits}"), acc, a, b, dtype=f"int32x{step}")
-    madd_ub, madd_wd = (("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512") if bits == 512 else
-                        ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"))
-    pairs = T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(madd_ub), T.reinterpret(a, dtype=f"uint8x{nbytes}"), b,
-                                    dtype=f"int16x{2 * step}")
-    return acc + T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(madd_wd), pairs,
-                                         T.broadcast(T.int16(1), 2 * step), dtype=f"int32x{step}")
+            T.llvm_lookup_intrinsic_id(f"llvm.x86.avx512.vpdpbusd.{bits}"), acc, a, b, dtype=f"int32x{step}"
+        )
+    madd_ub, madd_wd = (
+        ("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512")
+        if bits == 512
+        else ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd")
+    )
+    pairs = T.call_llvm_pure_intrin(
+        T.llvm_lookup_intrinsic_id(madd_ub), T.reinterpret(a, dtype=f"uint8x{nbytes}"), b, dtype=f"int16x{2 * step}"
+    )
+    return acc + T.call_llvm_pure_intrin(
+        T.llvm_lookup_intrinsic_id(madd_wd), pairs, T.broadcast(T.int16(1), 2 * step), dtype=f"int32x{step}"
+    )
 
 
 def intrinsic_for(target: Any, lanes: int = LANES, signed: bool = False) -> str | None:
@@ -264,15 +289,27 @@ def space_generator(target: Any, workload: Any, failures: TensorizeFailures | No
 
     rules = list(ms.schedule_rule.ScheduleRule.create("llvm"))
     at = next(i for i, r in enumerate(rules) if type(r).__name__ == "MultiLevelTiling")
-    rules.insert(at, ms.schedule_rule.MultiLevelTilingWithIntrin(
-        intrin, structure="SSRSRS", tile_binds=None, max_innermost_factor=64, vector_load_lens=None,
-        reuse_read=None, reuse_write=ms.schedule_rule.ReuseType(req="may", levels=[1, 2], scope="global"),
-    ))
+    rules.insert(
+        at,
+        ms.schedule_rule.MultiLevelTilingWithIntrin(
+            intrin,
+            structure="SSRSRS",
+            tile_binds=None,
+            max_innermost_factor=64,
+            vector_load_lens=None,
+            reuse_read=None,
+            reuse_write=ms.schedule_rule.ReuseType(req="may", levels=[1, 2], scope="global"),
+        ),
+    )
     # No RewriteLayout: OIHW16o4i already is the layout the intrinsic reads (packed once, by
     # graph pack), and MetaSchedule's layout rewrite of tensorized blocks crashed candidate
     # generation here (RemoveLayoutRewriteBlock: "ind.as<PrimVar>()").
-    postprocs = [ms.postproc.DisallowDynamicLoop(), ms.postproc.RewriteParallelVectorizeUnroll(),
-                 ms.postproc.RewriteReductionBlock(), quiet_rewrite_tensorize(failures)]
+    postprocs = [
+        ms.postproc.DisallowDynamicLoop(),
+        ms.postproc.RewriteParallelVectorizeUnroll(),
+        ms.postproc.RewriteReductionBlock(),
+        quiet_rewrite_tensorize(failures),
+    ]
     return ms.space_generator.PostOrderApply(sch_rules=rules, postprocs=postprocs, mutator_probs="llvm")
 
 

@@ -42,8 +42,12 @@ def alive(ident: dict[str, Any]) -> bool:
         return False
 
 
-def dead_runs(events: Iterable[dict[str, Any]], started: str = "run_started", ended: str = "run_ended",
-              handled: str = "run_marked_crashed") -> list[dict[str, Any]]:
+def dead_runs(
+    events: Iterable[dict[str, Any]],
+    started: str = "run_started",
+    ended: str = "run_ended",
+    handled: str = "run_marked_crashed",
+) -> list[dict[str, Any]]:
     """The `started` events of runs that never logged `ended` (nor were `handled` already)
     and whose process is dead: runs killed without a chance to report (SIGKILL, OOM, power)."""
     opened: dict[str, dict[str, Any]] = {}

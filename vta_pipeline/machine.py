@@ -14,8 +14,18 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-ISA_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512vbmi", "avx_vnni", "amx_int8", "neon", "asimd",
-             "asimddp")
+ISA_FLAGS = (
+    "avx2",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx512vbmi",
+    "avx_vnni",
+    "amx_int8",
+    "neon",
+    "asimd",
+    "asimddp",
+)
 """The instruction-set flags that decide which kernels a conv can use."""
 
 
@@ -38,8 +48,13 @@ def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
 def source_commit() -> str:
     """The source commit of this package (git, when it runs from a checkout), else its version."""
     try:
-        out = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=Path(__file__).parent,
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=7", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):

@@ -40,5 +40,6 @@ def make_builder(timeout_sec: float, max_workers: int | None = None, cross_compi
     from tvm.s_tir import meta_schedule as ms
 
     f_export = functools.partial(cross_export, cross_compiler) if cross_compiler else None
-    return ms.builder.LocalBuilder(f_build=fast_build, f_export=f_export, timeout_sec=timeout_sec,
-                                   max_workers=max_workers)
+    return ms.builder.LocalBuilder(
+        f_build=fast_build, f_export=f_export, timeout_sec=timeout_sec, max_workers=max_workers
+    )

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .config import MeasureConfig
     from .boards import BoardSpec
+    from .config import MeasureConfig
 
 log = logging.getLogger(__name__)
 
@@ -250,13 +250,21 @@ def hung_refusal(where: tuple[str, int, str], timeout_s: float, poll_s: float = 
                 return None
             h.hung_since = hung_since = time.time()
             h.boards = seen[1]
-        log.warning("every board under key %r at the tracker %s:%d (%d) is hung: its measurements are refused "
-                    "until one is free again", key, host, port, seen[1])
-    return (f"not measured: every board under key {key!r} at the tracker {host}:{port} ({seen[1]}) stopped "
-            f"answering ({timeouts} measurement(s) in a row timed out, after {timeout_s:.0f} s each, and none "
-            f"was free again {timeout_s:.0f} s later; hung since {time.strftime('%H:%M:%S', time.localtime(hung_since))}). "
-            "A frozen or hung rpc_server stays checked out at the tracker: restart it and rerun, tuning "
-            "continues from the records")
+        log.warning(
+            "every board under key %r at the tracker %s:%d (%d) is hung: its measurements are refused "
+            "until one is free again",
+            key,
+            host,
+            port,
+            seen[1],
+        )
+    return (
+        f"not measured: every board under key {key!r} at the tracker {host}:{port} ({seen[1]}) stopped "
+        f"answering ({timeouts} measurement(s) in a row timed out, after {timeout_s:.0f} s each, and none "
+        f"was free again {timeout_s:.0f} s later; hung since {time.strftime('%H:%M:%S', time.localtime(hung_since))}). "
+        "A frozen or hung rpc_server stays checked out at the tracker: restart it and rerun, tuning "
+        "continues from the records"
+    )
 
 
 TRACKER_POLL_S = 2.0
@@ -280,19 +288,32 @@ def wait_for_tracker(where: tuple[str, int, str], wait_s: float, poll_s: float =
     host, port, key = where
     if _tracker_answers(host, port):
         return None
-    log.warning("the tracker %s:%d does not answer: measurements under key %r wait for it (up to %.0f s)",
-                host, port, key, wait_s)
+    log.warning(
+        "the tracker %s:%d does not answer: measurements under key %r wait for it (up to %.0f s)",
+        host,
+        port,
+        key,
+        wait_s,
+    )
     t0 = time.monotonic()
     while time.monotonic() - t0 < wait_s:
         time.sleep(poll_s)
         seen = _free_and_registered(host, port, key)
         if seen is not None and seen[1] > 0:
-            log.warning("the tracker %s:%d is back after %.0f s, with %d board(s) under key %r: measuring again",
-                        host, port, time.monotonic() - t0, seen[1], key)
+            log.warning(
+                "the tracker %s:%d is back after %.0f s, with %d board(s) under key %r: measuring again",
+                host,
+                port,
+                time.monotonic() - t0,
+                seen[1],
+                key,
+            )
             return None
-    return (f"not measured: the tracker at {host}:{port} has not answered (or listed a board under key {key!r}) for "
-            f"{wait_s:.0f} s: start it again (`python -m tvm.exec.rpc_tracker --host {host} --port {port}`, or "
-            "`vta-pipeline board up`) and rerun; tuning continues from the records")
+    return (
+        f"not measured: the tracker at {host}:{port} has not answered (or listed a board under key {key!r}) for "
+        f"{wait_s:.0f} s: start it again (`python -m tvm.exec.rpc_tracker --host {host} --port {port}`, or "
+        "`vta-pipeline board up`) and rerun; tuning continues from the records"
+    )
 
 
 def _checked(inner, board: BoardSpec, timeout_s: float, workers: int, tracker_wait_s: float = 900.0):
@@ -350,8 +371,11 @@ def _checked(inner, board: BoardSpec, timeout_s: float, workers: int, tracker_wa
                 finished = [x for x in in_flight if x[0].done()]
                 for f, g, inp, sent in finished:
                     r = f.result()
-                    if (r.error_msg is not None and sent <= MAX_REQUEUES
-                            and not _tracker_answers(board.tracker_host, board.tracker_port)):
+                    if (
+                        r.error_msg is not None
+                        and sent <= MAX_REQUEUES
+                        and not _tracker_answers(board.tracker_host, board.tracker_port)
+                    ):
                         pending.insert(0, (inp, g, sent))  # cut off by the outage, not the schedule's fault
                         continue
                     g.settle(checked(r))
@@ -371,8 +395,9 @@ def _checked(inner, board: BoardSpec, timeout_s: float, workers: int, tracker_wa
 
         def run(self, runner_inputs):
             gated = [GatedFuture() for _ in runner_inputs]
-            threading.Thread(target=dispatch, args=(list(runner_inputs), gated), daemon=True,
-                             name=f"runner dispatch: {board.key}").start()
+            threading.Thread(
+                target=dispatch, args=(list(runner_inputs), gated), daemon=True, name=f"runner dispatch: {board.key}"
+            ).start()
             return gated
 
     return CheckedRunner()

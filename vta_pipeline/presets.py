@@ -34,8 +34,12 @@ class Recipe:
 
 def on_cpu(config: dict[str, Any], target: Any) -> bool:
     """Whether the blocked layout can apply: an NCHW CPU target, no VTA offload, no graph pack."""
-    return (target.kind == "llvm" and target.offload is None and target.layout == "NCHW"
-            and not (config.get("pack") or {}).get("enabled"))
+    return (
+        target.kind == "llvm"
+        and target.offload is None
+        and target.layout == "NCHW"
+        and not (config.get("pack") or {}).get("enabled")
+    )
 
 
 def recipe(config: dict[str, Any], target: Any) -> Recipe:

@@ -58,7 +58,7 @@ def calibration_inputs(cfg: QuantizeConfig, input_shape: tuple[int, ...], seed: 
             f"calibration data {path} has shape {list(data.shape)}; the model takes (B, {', '.join(map(str, chw))})"
         )
     data = data.astype("float32")
-    return [data[i:i + n] for i in range(0, len(data) - n + 1, n)]
+    return [data[i : i + n] for i in range(0, len(data) - n + 1, n)]
 
 
 def calibrate(mod, cfg: QuantizeConfig, batches: list[np.ndarray]) -> dict[Any, int]:
@@ -122,8 +122,10 @@ def quantize_model(model_dir: Path, cfg: QuantizeConfig, out_dir: Path, seed: in
                 f"quantize.skip_conv_layers {list(skip)} keeps all of them in float (for VTA and graph pack the "
                 "default keeps the first, the stem, in float). Pass --skip-conv-layers '' to quantize every conv"
             )
-        raise ModelError("quantize found no conv2d layer to quantize: no conv2d has constant weights "
-                         "(weights that are inputs of the model cannot be quantized ahead of time)")
+        raise ModelError(
+            "quantize found no conv2d layer to quantize: no conv2d has constant weights "
+            "(weights that are inputs of the model cannot be quantized ahead of time)"
+        )
     try:
         y_int, _ = emulate.run(qmod, [x])
     except ModelError as e:

@@ -44,9 +44,15 @@ def pick_best(tune_dirs: list[Path], out_dir: Path) -> dict[str, Any]:
             if winner is None:
                 db.dump_pruned(merged)  # keeps the best valid record of each workload
             else:  # the fastest of the task's best records re-timed in turn
-                merged.commit_tuning_record(ms.database.TuningRecord(
-                    winner.trace, merged.commit_workload(winner.workload.mod), winner.run_secs, winner.target,
-                    winner.args_info))
+                merged.commit_tuning_record(
+                    ms.database.TuningRecord(
+                        winner.trace,
+                        merged.commit_workload(winner.workload.mod),
+                        winner.run_secs,
+                        winner.target,
+                        winner.args_info,
+                    )
+                )
         summary.append(s)
     (out_dir / "best.json").write_text(json.dumps(summary, indent=1))
     return {

@@ -46,21 +46,23 @@ BUILTIN = Path(__file__).parent / "library"
 PER_WORKLOAD = 4
 """Records kept per workload: the search measures them first, so they cost trials."""
 
-SCHEMA = pa.schema([
-    ("cpu_class", pa.string()),      # JSON of the target (and host) without num-cores
-    ("workload_key", pa.string()),
-    ("task", pa.string()),           # the task name it was tuned under
-    ("model", pa.string()),
-    ("rank", pa.int32()),            # 1 = the workload's fastest record where it was measured
-    ("record", pa.string()),         # MetaSchedule TuningRecord JSON
-    ("latency_ms", pa.float64()),    # where it was measured (provenance, never used as this board's time)
-    ("measured", pa.int32()),        # valid measurements of the workload behind the pick
-    ("cpu", pa.string()),
-    ("isa", pa.string()),
-    ("threads", pa.int32()),
-    ("commit", pa.string()),
-    ("night", pa.string()),
-])
+SCHEMA = pa.schema(
+    [
+        ("cpu_class", pa.string()),  # JSON of the target (and host) without num-cores
+        ("workload_key", pa.string()),
+        ("task", pa.string()),  # the task name it was tuned under
+        ("model", pa.string()),
+        ("rank", pa.int32()),  # 1 = the workload's fastest record where it was measured
+        ("record", pa.string()),  # MetaSchedule TuningRecord JSON
+        ("latency_ms", pa.float64()),  # where it was measured (provenance, never used as this board's time)
+        ("measured", pa.int32()),  # valid measurements of the workload behind the pick
+        ("cpu", pa.string()),
+        ("isa", pa.string()),
+        ("threads", pa.int32()),
+        ("commit", pa.string()),
+        ("night", pa.string()),
+    ]
+)
 
 
 class LibraryError(UserError):
@@ -69,6 +71,7 @@ class LibraryError(UserError):
 
 def cpu_class(target_json: dict[str, Any], host_json: dict[str, Any] | None = None) -> dict[str, Any]:
     """The target (and host) as a library keys it: everything but "num-cores"."""
+
     def strip(t: dict[str, Any] | None) -> dict[str, Any] | None:
         return None if t is None else {k: v for k, v in sorted(t.items()) if k != "num-cores"}
 
@@ -94,8 +97,10 @@ def resolve(spec: str) -> Path | None:
         return BUILTIN
     path = Path(spec).expanduser()
     if not path.is_dir():
-        raise LibraryError(f"records library {spec!r} is not a directory: pass one written by "
-                           f"`vta-pipeline library export --out DIR`, 'builtin' or 'off'")
+        raise LibraryError(
+            f"records library {spec!r} is not a directory: pass one written by "
+            f"`vta-pipeline library export --out DIR`, 'builtin' or 'off'"
+        )
     return path
 
 
@@ -111,8 +116,10 @@ def read(library_dir: Path | None, target=None) -> pa.Table:
         try:
             tables.append(pq.read_table(f, schema=SCHEMA))
         except Exception as e:  # a torn or foreign file: say which, never guess
-            raise LibraryError(f"records library file {f} does not read as a library ({e}); "
-                               f"delete it or export it again with `vta-pipeline library export`") from None
+            raise LibraryError(
+                f"records library file {f} does not read as a library ({e}); "
+                f"delete it or export it again with `vta-pipeline library export`"
+            ) from None
     t = pa.concat_tables(tables) if tables else SCHEMA.empty_table()
     if target is not None:  # a file name is a hash prefix: the column decides
         t = t.filter(pc.field("cpu_class") == class_json(target))
@@ -120,8 +127,10 @@ def read(library_dir: Path | None, target=None) -> pa.Table:
 
 
 # the LLVM features that are instruction sets (the rest are tuning hints: fast-gather, prefer-256-bit ...)
-_ISA = re.compile(r"^(avx|sse|ssse|fma|f16c|amx|bmi|popcnt|lzcnt|aes|vaes|sha|gfni|pclmul|vpclmulqdq|movbe|adx|"
-                  r"neon|dotprod|i8mm|sve|fullfp16|fp16|bf16|mmx|cx16|xsave|crc)")
+_ISA = re.compile(
+    r"^(avx|sse|ssse|fma|f16c|amx|bmi|popcnt|lzcnt|aes|vaes|sha|gfni|pclmul|vpclmulqdq|movbe|adx|"
+    r"neon|dotprod|i8mm|sve|fullfp16|fp16|bf16|mmx|cx16|xsave|crc)"
+)
 
 
 def isa_features(target_json: dict[str, Any]) -> frozenset[str]:
@@ -175,16 +184,33 @@ def seeds(library_dir: Path | None, workload_key: str, target, k: int) -> tuple[
     if not rows:
         return [], {}
     first = rows[0]
-    note = {"library": str(library_dir), "records": len(rows), "task": first["task"], "model": first["model"],
-            "cpu": first["cpu"], "isa": first["isa"], "threads": first["threads"], "commit": first["commit"],
-            "night": first["night"], "latency_ms": first["latency_ms"], "measured": first["measured"],
-            **({"borrowed_from": borrowed} if borrowed else {})}
+    note = {
+        "library": str(library_dir),
+        "records": len(rows),
+        "task": first["task"],
+        "model": first["model"],
+        "cpu": first["cpu"],
+        "isa": first["isa"],
+        "threads": first["threads"],
+        "commit": first["commit"],
+        "night": first["night"],
+        "latency_ms": first["latency_ms"],
+        "measured": first["measured"],
+        **({"borrowed_from": borrowed} if borrowed else {}),
+    }
     return [json.loads(r["record"]) for r in rows], note
 
 
 # ---- building it --------------------------------------------------------------------------------
-def export(store_root: Path, target, out_dir: Path, *, k: int = PER_WORKLOAD,
-           cpu_info: dict[str, Any] | None = None, source_commit: str | None = None) -> dict[str, Any]:
+def export(
+    store_root: Path,
+    target,
+    out_dir: Path,
+    *,
+    k: int = PER_WORKLOAD,
+    cpu_info: dict[str, Any] | None = None,
+    source_commit: str | None = None,
+) -> dict[str, Any]:
     """Add the store's best records for `target` to the library in `out_dir`.
 
     From the store's history: every valid measurement on exactly this target, all boards
@@ -194,12 +220,17 @@ def export(store_root: Path, target, out_dir: Path, *, k: int = PER_WORKLOAD,
     default) and `source_commit` are the provenance of the new rows. Returns a summary."""
     f = pc.field("target_id") == target.id
     f = f & pc.field("record").is_valid() & pc.field("latency_ms").is_valid()
-    t = history.read(store_root, history.MEASUREMENTS, filter=f,
-                     columns=["workload_key", "task", "model", "schedule_hash", "record", "latency_ms", "night",
-                              "threads"])
+    t = history.read(
+        store_root,
+        history.MEASUREMENTS,
+        filter=f,
+        columns=["workload_key", "task", "model", "schedule_hash", "record", "latency_ms", "night", "threads"],
+    )
     if t.num_rows == 0:
-        raise LibraryError(f"the store {store_root} has no valid measurements on target {target.name!r} "
-                           f"(id {target.id}): tune with that target first, or pass the --target it was tuned with")
+        raise LibraryError(
+            f"the store {store_root} has no valid measurements on target {target.name!r} "
+            f"(id {target.id}): tune with that target first, or pass the --target it was tuned with"
+        )
     alias = workload_keys.aliases(store_root)
     info = cpu_info or machine.cpu()
     src = source_commit or machine.source_commit()
@@ -209,10 +240,23 @@ def export(store_root: Path, target, out_dir: Path, *, k: int = PER_WORKLOAD,
     for r in t.to_pylist():
         wk = alias.get(r["workload_key"], r["workload_key"])
         measured[wk] = measured.get(wk, 0) + 1
-        fresh.append({"cpu_class": cls, "workload_key": wk, "task": r["task"], "model": r["model"], "rank": 0,
-                      "record": r["record"], "latency_ms": r["latency_ms"], "cpu": info["cpu"],
-                      "isa": " ".join(info["isa"]), "threads": r["threads"], "commit": src, "night": r["night"],
-                      "_hash": r["schedule_hash"]})
+        fresh.append(
+            {
+                "cpu_class": cls,
+                "workload_key": wk,
+                "task": r["task"],
+                "model": r["model"],
+                "rank": 0,
+                "record": r["record"],
+                "latency_ms": r["latency_ms"],
+                "cpu": info["cpu"],
+                "isa": " ".join(info["isa"]),
+                "threads": r["threads"],
+                "commit": src,
+                "night": r["night"],
+                "_hash": r["schedule_hash"],
+            }
+        )
     for row in fresh:
         row["measured"] = measured[row["workload_key"]]
 
@@ -243,9 +287,16 @@ def export(store_root: Path, target, out_dir: Path, *, k: int = PER_WORKLOAD,
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{int(time.time() * 1e3)}.tmp")
     pq.write_table(pa.Table.from_pylist(out_rows, schema=SCHEMA), tmp, compression="zstd")
     os.replace(tmp, path)
-    return {"file": str(path), "cpu_class": cls, "workloads": len(by_wl), "records": len(out_rows),
-            "from_store": len({r["workload_key"] for r in fresh}), "measurements": len(fresh), "commit": src,
-            "cpu": info["cpu"]}
+    return {
+        "file": str(path),
+        "cpu_class": cls,
+        "workloads": len(by_wl),
+        "records": len(out_rows),
+        "from_store": len({r["workload_key"] for r in fresh}),
+        "measurements": len(fresh),
+        "commit": src,
+        "cpu": info["cpu"],
+    }
 
 
 def _schedule(record: str) -> str:
@@ -261,11 +312,23 @@ def summary(library_dir: Path) -> list[dict[str, Any]]:
     for r in t.to_pylist():
         cls = json.loads(r["cpu_class"])["target"]
         k = (r["cpu_class"], r["model"], r["commit"])
-        row = by.setdefault(k, {"mcpu": cls.get("mcpu") or cls.get("kind"), "model": r["model"], "cpu": r["cpu"],
-                                "isa": r["isa"], "commit": r["commit"], "workloads": set(), "records": 0,
-                                "nights": set()})
+        row = by.setdefault(
+            k,
+            {
+                "mcpu": cls.get("mcpu") or cls.get("kind"),
+                "model": r["model"],
+                "cpu": r["cpu"],
+                "isa": r["isa"],
+                "commit": r["commit"],
+                "workloads": set(),
+                "records": 0,
+                "nights": set(),
+            },
+        )
         row["workloads"].add(r["workload_key"])
         row["records"] += 1
         row["nights"].add(r["night"])
-    return [dict(v, workloads=len(v["workloads"]), nights=",".join(sorted(n for n in v["nights"] if n)))
-            for v in by.values()]
+    return [
+        dict(v, workloads=len(v["workloads"]), nights=",".join(sorted(n for n in v["nights"] if n)))
+        for v in by.values()
+    ]

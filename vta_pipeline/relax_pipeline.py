@@ -28,7 +28,6 @@ from tvm import relax
 
 from .passes.packed_ops import legalize_map
 
-
 KERNEL_LAYOUT = {"NHWC": "HWIO"}
 
 
@@ -36,9 +35,12 @@ def lower_for_tuning(mod: tvm.IRModule, layout: str = "NCHW") -> tvm.IRModule:
     if layout not in ("NCHW", *KERNEL_LAYOUT):
         raise ValueError(f"unsupported conv layout {layout!r}: NCHW or NHWC")
     convert = (
-        [relax.transform.ConvertLayout({"relax.nn.conv2d": [layout, KERNEL_LAYOUT[layout]]}),
-         relax.transform.FoldConstant()]
-        if layout != "NCHW" else []
+        [
+            relax.transform.ConvertLayout({"relax.nn.conv2d": [layout, KERNEL_LAYOUT[layout]]}),
+            relax.transform.FoldConstant(),
+        ]
+        if layout != "NCHW"
+        else []
     )
     seq = tvm.transform.Sequential(
         [

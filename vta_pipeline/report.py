@@ -20,8 +20,9 @@ from .store import ArtifactStore, atomic_write_text
 log = logging.getLogger(__name__)
 
 
-def task_results(tasks: list[Any], refs: dict[str, Any], first_refs: dict[str, Any],
-                 summary: Callable[[Any], dict[str, Any]]) -> list[dict[str, Any]]:
+def task_results(
+    tasks: list[Any], refs: dict[str, Any], first_refs: dict[str, Any], summary: Callable[[Any], dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Each task's tuning summary for a run's result, under this run's task name and weight.
 
     `refs` / `first_refs`: each task's tuning outcome (by this run's task name) after all
@@ -44,8 +45,15 @@ def task_results(tasks: list[Any], refs: dict[str, Any], first_refs: dict[str, A
     return out
 
 
-def make_result(run_id: str, config: dict[str, Any], fetched_meta: dict[str, Any], tasks: list[dict[str, Any]],
-                untuned: dict[str, Any], tuned: dict[str, Any], seconds: float) -> dict[str, Any]:
+def make_result(
+    run_id: str,
+    config: dict[str, Any],
+    fetched_meta: dict[str, Any],
+    tasks: list[dict[str, Any]],
+    untuned: dict[str, Any],
+    tuned: dict[str, Any],
+    seconds: float,
+) -> dict[str, Any]:
     return {
         "run_id": run_id,
         "finished": time.time(),
@@ -84,12 +92,17 @@ def latency_rows(result: dict[str, Any]) -> list[list[str]]:
     rows = []
     for label in ("untuned", "tuned"):
         e = result[label]
-        rows.append([
-            label, f"{e['mean_ms']:.3f}", f"{e['std_ms']:.3f}", f"{e['median_ms']:.3f}",
-            f"{result['untuned']['mean_ms'] / e['mean_ms']:.2f}x",
-            "yes" if e["correct"] else f"NO (max err {e['max_abs_err']:.2e})",
-            str(e.get("threads") or "-"),
-        ])
+        rows.append(
+            [
+                label,
+                f"{e['mean_ms']:.3f}",
+                f"{e['std_ms']:.3f}",
+                f"{e['median_ms']:.3f}",
+                f"{result['untuned']['mean_ms'] / e['mean_ms']:.2f}x",
+                "yes" if e["correct"] else f"NO (max err {e['max_abs_err']:.2e})",
+                str(e.get("threads") or "-"),
+            ]
+        )
     b = result.get("baseline") or {}
     for row in ([b["fp32"]] if b.get("fp32") else []) + [b]:  # timed in turn with the tuned build: medians
         if not row.get("ort_ms"):
@@ -99,8 +112,17 @@ def latency_rows(result: dict[str, Any]) -> list[list[str]]:
             ok = f"cosine {agree['cosine']:.4f} to float"
         else:
             ok = "yes" if row.get("ort_output_matches") else "differs"
-        rows.append([f"{row['engine']} (in turn)", "-", "-", f"{row['ort_ms']:.3f}",
-                     f"{result['untuned']['mean_ms'] / row['ort_ms']:.2f}x", ok, str(b.get("threads") or "-")])
+        rows.append(
+            [
+                f"{row['engine']} (in turn)",
+                "-",
+                "-",
+                f"{row['ort_ms']:.3f}",
+                f"{result['untuned']['mean_ms'] / row['ort_ms']:.2f}x",
+                ok,
+                str(b.get("threads") or "-"),
+            ]
+        )
     return rows
 
 
@@ -112,8 +134,10 @@ def baseline_line(result: dict[str, Any]) -> str | None:
     if b.get("absent"):
         return f"no {b['engine']} row: {b['absent']}"
     verdict = "faster than" if b["ratio"] < 1 else "slower than"
-    line = (f"in turn with {b['engine']} ({b['rounds']} rounds, {b['threads']} threads): tuned {b['ours_ms']:.3f} ms, "
-            f"ORT {b['ort_ms']:.3f} ms: {b['ratio']:.2f}x, {verdict} it")
+    line = (
+        f"in turn with {b['engine']} ({b['rounds']} rounds, {b['threads']} threads): tuned {b['ours_ms']:.3f} ms, "
+        f"ORT {b['ort_ms']:.3f} ms: {b['ratio']:.2f}x, {verdict} it"
+    )
     if b.get("fp32"):
         line += f"; {b['fp32']['ratio']:.2f}x {b['fp32']['engine']}"
     if b.get("int8_absent"):
@@ -122,23 +146,39 @@ def baseline_line(result: dict[str, Any]) -> str | None:
 
 
 LATENCY_HEADER = ["build", "mean ms", "std ms", "median ms", "speed-up", "output correct", "board threads"]
-TASK_HEADER = ["#", "task", "weight", "workload", "trials", "errors", "best ms", "GFLOPS", "default ms", "build uses",
-               "stopped"]
+TASK_HEADER = [
+    "#",
+    "task",
+    "weight",
+    "workload",
+    "trials",
+    "errors",
+    "best ms",
+    "GFLOPS",
+    "default ms",
+    "build uses",
+    "stopped",
+]
 
 
 def task_rows(result: dict[str, Any]) -> list[list[str]]:
     rows = []
     for i, t in enumerate(result["tasks"]):
-        rows.append([
-            str(i), t["task"], str(t.get("weight", 1)),
-            ",".join(map(str, t["workload"])) if t.get("workload") else "-",
-            str(t["trials"]), str(t["errors"]),
-            f"{t['best_latency_ms']:.4f}" if t.get("best_latency_ms") else "-",
-            f"{t['best_gflops']:.2f}" if t.get("best_gflops") else "-",
-            f"{t['default_ms']:.4f}" if t.get("default_ms") else "-",
-            "default" if keeps_default(t) else "tuned",
-            t.get("stopped", ""),
-        ])
+        rows.append(
+            [
+                str(i),
+                t["task"],
+                str(t.get("weight", 1)),
+                ",".join(map(str, t["workload"])) if t.get("workload") else "-",
+                str(t["trials"]),
+                str(t["errors"]),
+                f"{t['best_latency_ms']:.4f}" if t.get("best_latency_ms") else "-",
+                f"{t['best_gflops']:.2f}" if t.get("best_gflops") else "-",
+                f"{t['default_ms']:.4f}" if t.get("default_ms") else "-",
+                "default" if keeps_default(t) else "tuned",
+                t.get("stopped", ""),
+            ]
+        )
     return rows
 
 
@@ -146,8 +186,13 @@ def task_rows(result: dict[str, Any]) -> list[list[str]]:
 VTA_HEADER = ["VTA task", "convs", "GOPs", "untuned ms", "tuned ms", "speed-up", "GOPS", "of peak", "knobs"]
 
 
-def vta_result(tuned: list[dict[str, Any]], ev_untuned: dict[str, Any], ev_tuned: dict[str, Any],
-               vta: Any, clock_hz: float | None = None) -> dict[str, Any]:
+def vta_result(
+    tuned: list[dict[str, Any]],
+    ev_untuned: dict[str, Any],
+    ev_tuned: dict[str, Any],
+    vta: Any,
+    clock_hz: float | None = None,
+) -> dict[str, Any]:
     """Simulated latency per VTA task (untuned config vs tuned) and for the network (the
     offloaded convs' simulated time + the rest on the board's CPU), GOPS against VTA's peak
     at the board's clock (BATCH x BLOCK_IN x BLOCK_OUT multiply-adds per cycle)."""
@@ -158,41 +203,91 @@ def vta_result(tuned: list[dict[str, Any]], ev_untuned: dict[str, Any], ev_tuned
     tasks = []
     for t in tuned:
         gops = t["ops"] / (t["best_ms"] / 1e3) / 1e9
-        tasks.append({"task": t["task"], "count": t["count"], "ops": t["ops"], "untuned_ms": t["default_ms"],
-                      "tuned_ms": t["best_ms"], "gops": gops, "of_peak": gops / peak, "knobs": t["best_knobs"],
-                      "trials": t["trials"]})
+        tasks.append(
+            {
+                "task": t["task"],
+                "count": t["count"],
+                "ops": t["ops"],
+                "untuned_ms": t["default_ms"],
+                "tuned_ms": t["best_ms"],
+                "gops": gops,
+                "of_peak": gops / peak,
+                "knobs": t["best_knobs"],
+                "trials": t["trials"],
+            }
+        )
     ops = sum(t["ops"] * t["count"] for t in tuned)
     network = {}
     for label, ev in (("untuned", ev_untuned), ("tuned", ev_tuned)):
-        network[label] = {"vta_ms": ev.get("vta_ms"), "cpu_ms": ev.get("cpu_ms"), "total_ms": ev["mean_ms"],
-                          "vta_gops": ops / (ev["vta_ms"] / 1e3) / 1e9 if ev.get("vta_ms") else None}
+        network[label] = {
+            "vta_ms": ev.get("vta_ms"),
+            "cpu_ms": ev.get("cpu_ms"),
+            "total_ms": ev["mean_ms"],
+            "vta_gops": ops / (ev["vta_ms"] / 1e3) / 1e9 if ev.get("vta_ms") else None,
+        }
     return {"clock_mhz": clock / 1e6, "peak_gops": peak, "tasks": tasks, "network": network}
 
 
 def vta_rows(v: dict[str, Any]) -> list[list[str]]:
-    rows = [[t["task"], str(t["count"]), f"{t['ops'] / 1e9:.3f}",
-             f"{t['untuned_ms']:.3f}" if t["untuned_ms"] is not None else "-", f"{t['tuned_ms']:.3f}",
-             f"{t['untuned_ms'] / t['tuned_ms']:.1f}x" if t["untuned_ms"] else "-", f"{t['gops']:.1f}",
-             f"{t['of_peak']:.0%}", " ".join(f"{k}={n}" for k, n in t["knobs"].items() if n != 1) or "all 1"]
-            for t in v["tasks"]]
+    rows = [
+        [
+            t["task"],
+            str(t["count"]),
+            f"{t['ops'] / 1e9:.3f}",
+            f"{t['untuned_ms']:.3f}" if t["untuned_ms"] is not None else "-",
+            f"{t['tuned_ms']:.3f}",
+            f"{t['untuned_ms'] / t['tuned_ms']:.1f}x" if t["untuned_ms"] else "-",
+            f"{t['gops']:.1f}",
+            f"{t['of_peak']:.0%}",
+            " ".join(f"{k}={n}" for k, n in t["knobs"].items() if n != 1) or "all 1",
+        ]
+        for t in v["tasks"]
+    ]
     u, t = v["network"]["untuned"], v["network"]["tuned"]
     if u.get("vta_ms") and t.get("vta_ms"):
-        rows.append(["network: convs on VTA", str(sum(x["count"] for x in v["tasks"])), "", f"{u['vta_ms']:.3f}",
-                     f"{t['vta_ms']:.3f}", f"{u['vta_ms'] / t['vta_ms']:.1f}x", f"{t['vta_gops']:.1f}",
-                     f"{t['vta_gops'] / v['peak_gops']:.0%}", ""])
-        rows.append(["network: the rest, on the CPU", "", "", f"{u['cpu_ms']:.3f}", f"{t['cpu_ms']:.3f}", "", "", "",
-                     ""])
-        rows.append(["network: total", "", "", f"{u['total_ms']:.3f}", f"{t['total_ms']:.3f}",
-                     f"{u['total_ms'] / t['total_ms']:.1f}x", "", "", ""])
+        rows.append(
+            [
+                "network: convs on VTA",
+                str(sum(x["count"] for x in v["tasks"])),
+                "",
+                f"{u['vta_ms']:.3f}",
+                f"{t['vta_ms']:.3f}",
+                f"{u['vta_ms'] / t['vta_ms']:.1f}x",
+                f"{t['vta_gops']:.1f}",
+                f"{t['vta_gops'] / v['peak_gops']:.0%}",
+                "",
+            ]
+        )
+        rows.append(
+            ["network: the rest, on the CPU", "", "", f"{u['cpu_ms']:.3f}", f"{t['cpu_ms']:.3f}", "", "", "", ""]
+        )
+        rows.append(
+            [
+                "network: total",
+                "",
+                "",
+                f"{u['total_ms']:.3f}",
+                f"{t['total_ms']:.3f}",
+                f"{u['total_ms'] / t['total_ms']:.1f}x",
+                "",
+                "",
+                "",
+            ]
+        )
     return rows
 
 
 def _vta_markdown(v: dict[str, Any] | None) -> list[str]:
     if not v:
         return []
-    return [f"## VTA, simulated at {v['clock_mhz']:.0f} MHz (peak {v['peak_gops']:.1f} GOPS)", "",
-            "| " + " | ".join(VTA_HEADER) + " |", "|" + "---|" * len(VTA_HEADER),
-            *("| " + " | ".join(r) + " |" for r in vta_rows(v)), ""]
+    return [
+        f"## VTA, simulated at {v['clock_mhz']:.0f} MHz (peak {v['peak_gops']:.1f} GOPS)",
+        "",
+        "| " + " | ".join(VTA_HEADER) + " |",
+        "|" + "---|" * len(VTA_HEADER),
+        *("| " + " | ".join(r) + " |" for r in vta_rows(v)),
+        "",
+    ]
 
 
 def vta_lines(v: dict[str, Any]) -> list[str]:
@@ -237,8 +332,17 @@ def render(result: dict[str, Any]) -> str:
 
 
 # ---- the Prefect artifacts ------------------------------------------------------------------------
-RECIPE_HEADER = ["#", "task", "latency ms", "GFLOPS", "trials", "best-so-far GFLOPS", "default ms", "build uses",
-                 "warm start"]
+RECIPE_HEADER = [
+    "#",
+    "task",
+    "latency ms",
+    "GFLOPS",
+    "trials",
+    "best-so-far GFLOPS",
+    "default ms",
+    "build uses",
+    "warm start",
+]
 
 
 def _best_so_far(t: dict[str, Any], points: int = 4) -> str:
@@ -261,14 +365,19 @@ def recipe_rows(result: dict[str, Any]) -> list[list[str]]:
         elif t.get("library"):
             lib = t["library"]
             warm = f"library: {lib.get('records')} records ({lib.get('cpu')}, {lib.get('commit')})"
-        rows.append([
-            str(i), t["task"],
-            f"{t['best_latency_ms']:.4f}" if t.get("best_latency_ms") else "-",
-            f"{t['best_gflops']:.2f}" if t.get("best_gflops") else "-",
-            str(t["trials"]), _best_so_far(t),
-            f"{t['default_ms']:.4f}" if t.get("default_ms") else "-",
-            "default" if keeps_default(t) else "tuned", warm,
-        ])
+        rows.append(
+            [
+                str(i),
+                t["task"],
+                f"{t['best_latency_ms']:.4f}" if t.get("best_latency_ms") else "-",
+                f"{t['best_gflops']:.2f}" if t.get("best_gflops") else "-",
+                str(t["trials"]),
+                _best_so_far(t),
+                f"{t['default_ms']:.4f}" if t.get("default_ms") else "-",
+                "default" if keeps_default(t) else "tuned",
+                warm,
+            ]
+        )
     return rows
 
 
@@ -292,8 +401,10 @@ def markdown(result: dict[str, Any], store_root: Path) -> str:
     trend = history.trend(Path(store_root), result["model"], result["target"])
     mine = variant.of_result(result)
     trend = [r for r in trend if r["board_key"] == result["board_key"] and r["variant"] == mine]
-    nights = plots.latency_per_night(trend, f"{result['model']} {variant.label(result.get('config') or {})} on "
-                                            f"{result['board_key']} ({result['target']})")
+    nights = plots.latency_per_night(
+        trend,
+        f"{result['model']} {variant.label(result.get('config') or {})} on {result['board_key']} ({result['target']})",
+    )
     (out / "latency_per_night.png").write_bytes(nights)
     u, t = result["untuned"], result["tuned"]
     guard = result.get("guard") or {}
@@ -305,13 +416,16 @@ def markdown(result: dict[str, Any], store_root: Path) -> str:
         "",
         "| build | mean ms | median ms | std ms | output check |",
         "|---|---|---|---|---|",
-        *(f"| {k} | {e['mean_ms']:.3f} | {e['median_ms']:.3f} | {e['std_ms']:.3f} | "
-          f"{'passed' if e['correct'] else 'FAILED'} (cosine {e['cosine']:.6f}, max abs error {e['max_abs_err']:.2e}) |"
-          for k, e in (("untuned", u), ("tuned", t))),
+        *(
+            f"| {k} | {e['mean_ms']:.3f} | {e['median_ms']:.3f} | {e['std_ms']:.3f} | "
+            f"{'passed' if e['correct'] else 'FAILED'} (cosine {e['cosine']:.6f}, max abs error {e['max_abs_err']:.2e}) |"
+            for k, e in (("untuned", u), ("tuned", t))
+        ),
         "",
         f"Speed-up **{result['speedup']:.2f}x** over {len(result['tasks'])} tuning tasks, "
         f"{sum(x['trials'] for x in result['tasks'])} trials, run took {result['seconds']:.0f} s."
-        + _float_line(result) + verdict,
+        + _float_line(result)
+        + verdict,
         "",
         *_vta_markdown(result.get("vta")),
         "## Tuning curves",

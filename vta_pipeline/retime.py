@@ -93,13 +93,30 @@ def retime_measure(measure: MeasureConfig, caches: str) -> MeasureConfig:
     the run before it left there."""
     if caches == "warm":
         return measure
-    return measure.model_copy(update={"number": 1, "min_repeat_ms": 0, "repeat": max(measure.repeat, FLUSHED_REPEATS),
-                                      "enable_cpu_cache_flush": True})
+    return measure.model_copy(
+        update={
+            "number": 1,
+            "min_repeat_ms": 0,
+            "repeat": max(measure.repeat, FLUSHED_REPEATS),
+            "enable_cpu_cache_flush": True,
+        }
+    )
 
 
-def retime_top(work_dir: Path, task_name: str, workload_mod, target, board: BoardSpec, measure: MeasureConfig,
-               top: int, rounds: int, within: float, builder_timeout_s: float, cross_compiler: str | None = None,
-               caches: str = "warm") -> dict[str, Any] | None:
+def retime_top(
+    work_dir: Path,
+    task_name: str,
+    workload_mod,
+    target,
+    board: BoardSpec,
+    measure: MeasureConfig,
+    top: int,
+    rounds: int,
+    within: float,
+    builder_timeout_s: float,
+    cross_compiler: str | None = None,
+    caches: str = "warm",
+) -> dict[str, Any] | None:
     """Measure the task's `top` best records recorded within `within` x the best again in turn
     (see the module doc); returns what `retimed.json` holds, or None when there is nothing to
     choose between (fewer than two such records) or no candidate could be measured (then the
@@ -112,7 +129,11 @@ def retime_top(work_dir: Path, task_name: str, workload_mod, target, board: Boar
     n_records = record_count(work_dir)
     done = current(work_dir)
     if done and (done["top"], done["rounds"], done.get("within"), done.get("caches", "warm")) == (
-            top, rounds, within, caches):
+        top,
+        rounds,
+        within,
+        caches,
+    ):
         return done  # before the database is read: a resumed task re-times nothing
     db = open_database(work_dir)
     records = db.get_top_k(db.commit_workload(workload_mod), top)
@@ -132,8 +153,12 @@ def retime_top(work_dir: Path, task_name: str, workload_mod, target, board: Boar
     device = pools.runner_device(target)
     for i, (rec, b) in enumerate(zip(records, built)):
         if b.error_msg:
-            log.info("task %s: record %d no longer builds, not re-timed (%s)", task_name, i,
-                     b.error_msg.strip().splitlines()[-1][:200])
+            log.info(
+                "task %s: record %d no longer builds, not re-timed (%s)",
+                task_name,
+                i,
+                b.error_msg.strip().splitlines()[-1][:200],
+            )
             continue
         inputs.append(ms.runner.RunnerInput(b.artifact_path, device, rec.args_info))
         kept.append(i)
@@ -151,23 +176,38 @@ def retime_top(work_dir: Path, task_name: str, workload_mod, target, board: Boar
                 remove_build_dir(b.artifact_path)
     measured = {i: min(t) for i, t in times.items() if len(t) == rounds}  # a candidate that failed once is out
     if not measured:
-        log.warning("task %s: none of its %d best records could be measured again; the recorded best is used",
-                    task_name, len(records))
+        log.warning(
+            "task %s: none of its %d best records could be measured again; the recorded best is used",
+            task_name,
+            len(records),
+        )
         return None
     winner = min(measured, key=measured.get)
     out = {
-        "task": task_name, "top": top, "rounds": rounds, "within": within, "caches": caches, "records": n_records,
+        "task": task_name,
+        "top": top,
+        "rounds": rounds,
+        "within": within,
+        "caches": caches,
+        "records": n_records,
         "winner": winner,
-        "candidates": [{"rank": i, "recorded_ms": mean_secs(rec.run_secs) * 1e3,
-                        "retimed_ms": [t * 1e3 for t in times.get(i, [])]} for i, rec in enumerate(records)],
+        "candidates": [
+            {"rank": i, "recorded_ms": mean_secs(rec.run_secs) * 1e3, "retimed_ms": [t * 1e3 for t in times.get(i, [])]}
+            for i, rec in enumerate(records)
+        ],
         "record": plain_json(_ffi_api.TuningRecordAsJSON(records[winner])),
         "winner_ms": measured[winner] * 1e3,
         "recorded_best_ms": measured[0] * 1e3 if 0 in measured else None,
     }
     atomic_write_text(Path(work_dir) / RETIMED, json.dumps(out))
-    log.info("task %s: %d best records re-timed in turn: the fastest is the recorded #%d (%.4f ms; the recorded "
-             "best %s)", task_name, len(measured), winner + 1, out["winner_ms"],
-             f"{out['recorded_best_ms']:.4f} ms" if out["recorded_best_ms"] is not None else "failed")
+    log.info(
+        "task %s: %d best records re-timed in turn: the fastest is the recorded #%d (%.4f ms; the recorded best %s)",
+        task_name,
+        len(measured),
+        winner + 1,
+        out["winner_ms"],
+        f"{out['recorded_best_ms']:.4f} ms" if out["recorded_best_ms"] is not None else "failed",
+    )
     return out
 
 

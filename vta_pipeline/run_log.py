@@ -46,8 +46,10 @@ class _RunLogHandler(logging.FileHandler):
         self._gave_up = True
         err = sys.exc_info()[1]
         try:
-            sys.stderr.write(f"vta-pipeline: the run log {self.baseFilename} can no longer be written ({err}); "
-                             "the rest of this run is logged to the console only\n")
+            sys.stderr.write(
+                f"vta-pipeline: the run log {self.baseFilename} can no longer be written ({err}); "
+                "the rest of this run is logged to the console only\n"
+            )
         except Exception:  # noqa: BLE001 - stderr gone too: nothing left to tell
             pass
         for logger in (logging.getLogger(n) for n in LOGGERS):

@@ -22,14 +22,22 @@ from .trial_log import FAILED, append_trials, mean_secs
 from .workload_keys import HASH_MASK  # schedule hashes as unsigned 64-bit, as the trial log writes them
 
 
-def make_guarded_search(inner, *, known_hashes: set[int], early_stopping: int | None,
-                         fail_fast: int, best0: float, since_best0: int, first: list | None = None):
+def make_guarded_search(
+    inner,
+    *,
+    known_hashes: set[int],
+    early_stopping: int | None,
+    fail_fast: int,
+    best0: float,
+    since_best0: int,
+    first: list | None = None,
+):
     """`fail_fast`: stop after this many failed measurements in a row (a broken setup if
     nothing was measured yet, lost boards otherwise). `first`: measure candidates proposed
     before the search's own (the records library's), those not measured yet."""
-    from tvm_ffi import structural_hash
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
+    from tvm_ffi import structural_hash
 
     @derived_object
     class GuardedSearch(PySearchStrategy):
@@ -128,12 +136,22 @@ def make_guarded_search(inner, *, known_hashes: set[int], early_stopping: int | 
     return GuardedSearch()
 
 
-def make_log_callback(work_dir: Path, task_name: str, progress: Callable[[dict[str, Any]], None] | None,
-                       start_index: int, budget: int, workload, target, session: str | None,
-                       threads: int | None = None, board: str | None = None, tvm: str | None = None):
-    from tvm_ffi import structural_hash
+def make_log_callback(
+    work_dir: Path,
+    task_name: str,
+    progress: Callable[[dict[str, Any]], None] | None,
+    start_index: int,
+    budget: int,
+    workload,
+    target,
+    session: str | None,
+    threads: int | None = None,
+    board: str | None = None,
+    tvm: str | None = None,
+):
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+    from tvm_ffi import structural_hash
 
     @derived_object
     class TrialLog(PyMeasureCallback):
@@ -151,14 +169,23 @@ def make_log_callback(work_dir: Path, task_name: str, progress: Callable[[dict[s
             for c, b, r in zip(measure_candidates, builder_results, runner_results):
                 err = b.error_msg or r.error_msg
                 secs = mean_secs(r.run_secs) if err is None else FAILED
-                rows.append({
-                    "trial": self.index, "t": round(now, 3), "task": task_name, "session": session,
-                    "latency_ms": None if secs >= FAILED else secs * 1e3,
-                    "error": None if err is None else ("build: " if b.error_msg else "run: ") + str(err).strip()[-1000:],
-                    "schedule_hash": f"{structural_hash(c.sch.mod) & HASH_MASK:016x}",
-                    "record": None if secs >= FAILED else record_json(c, workload, r.run_secs, target),
-                    "threads": threads, "board": board, "tvm": tvm,  # who measured it (BoardSpec)
-                })
+                rows.append(
+                    {
+                        "trial": self.index,
+                        "t": round(now, 3),
+                        "task": task_name,
+                        "session": session,
+                        "latency_ms": None if secs >= FAILED else secs * 1e3,
+                        "error": None
+                        if err is None
+                        else ("build: " if b.error_msg else "run: ") + str(err).strip()[-1000:],
+                        "schedule_hash": f"{structural_hash(c.sch.mod) & HASH_MASK:016x}",
+                        "record": None if secs >= FAILED else record_json(c, workload, r.run_secs, target),
+                        "threads": threads,
+                        "board": board,
+                        "tvm": tvm,  # who measured it (BoardSpec)
+                    }
+                )
                 self.index += 1
             append_trials(work_dir, rows)
             event = {"task": task_name, "trials": self.index, "budget": budget, "batch": rows}
@@ -167,4 +194,3 @@ def make_log_callback(work_dir: Path, task_name: str, progress: Callable[[dict[s
                 progress(event)
 
     return TrialLog()
-

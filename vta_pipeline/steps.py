@@ -19,20 +19,26 @@ from . import build as build_mod
 from . import cpu_layout as layout_mod
 from . import evaluate as eval_mod
 from . import extract as extract_mod
-from . import guard, history, records_library, retime, spaces
-from . import importers
+from . import guard, history, importers, records_library, retime, spaces, trial_log, tuning, workload_keys
 from . import pack as pack_mod
 from . import quantize as quantize_mod
 from . import records as records_mod
-from . import trial_log, tuning, workload_keys
 from .boards import BoardSpec
-from .config import (EvalConfig, GuardConfig, MeasureConfig, ModelConfig, PackConfig, PipelineConfig, QuantizeConfig,
-                     TuneConfig)
+from .config import (
+    EvalConfig,
+    GuardConfig,
+    MeasureConfig,
+    ModelConfig,
+    PackConfig,
+    PipelineConfig,
+    QuantizeConfig,
+    TuneConfig,
+)
 from .errors import BoardError, ConfigError
-from .vta_config import VTAConfig
 from .hashing import sha256_file, sha256_json
 from .store import Artifact, ArtifactStore
 from .targets import ResolvedTarget
+from .vta_config import VTAConfig
 
 
 # ---- checks before any work ------------------------------------------------------------------
@@ -66,8 +72,10 @@ def check_local_board(cfg: PipelineConfig, target: ResolvedTarget) -> None:
     nor GPU code on a machine whose TVM runtime sees no such GPU."""
     if cfg.board.tracker is not None:
         return
-    fix = (f"pass --tracker HOST:PORT of the tracker your {target.default_key!r} boards register with, "
-           "or build without a board with `vta-pipeline build`")
+    fix = (
+        f"pass --tracker HOST:PORT of the tracker your {target.default_key!r} boards register with, "
+        "or build without a board with `vta-pipeline build`"
+    )
     if target.cross_compiler:
         raise ConfigError(
             f"target {target.name!r} builds for another CPU ({target.full_json.get('mtriple', target.kind)}), "
@@ -121,15 +129,17 @@ def quantize_key(store: ArtifactStore, model_id: str, cfg: QuantizeConfig, seed:
     inputs = {"model": model_id}
     if cfg.calibration_data is not None and cfg.calibrate_mode != "global_scale":
         inputs["calibration"] = sha256_file(Path(cfg.calibration_data))  # content, not the file name
-    return store.key(quantize_mod.STEP, version=quantize_mod.VERSION, inputs=inputs,
-                     config=_quantize_config(cfg, seed))
+    return store.key(quantize_mod.STEP, version=quantize_mod.VERSION, inputs=inputs, config=_quantize_config(cfg, seed))
 
 
 def quantize_step(store: ArtifactStore, model: Artifact, cfg: QuantizeConfig, seed: int = 0) -> Artifact:
     key = quantize_key(store, model.id, cfg, seed)
     return store.produce(
-        quantize_mod.STEP, key, lambda out: quantize_mod.quantize_model(model.path, cfg, out, seed),
-        inputs={"model": model.id}, config=_quantize_config(cfg, seed),
+        quantize_mod.STEP,
+        key,
+        lambda out: quantize_mod.quantize_model(model.path, cfg, out, seed),
+        inputs={"model": model.id},
+        config=_quantize_config(cfg, seed),
     )
 
 
@@ -143,15 +153,19 @@ def _pack_config(pack: PackConfig, vta: VTAConfig) -> dict[str, Any]:
 
 
 def pack_key(store: ArtifactStore, model_id: str, pack: PackConfig, vta: VTAConfig) -> str:
-    return store.key(pack_mod.STEP, version=pack_mod.VERSION, inputs={"model": model_id},
-                     config=_pack_config(pack, vta))
+    return store.key(
+        pack_mod.STEP, version=pack_mod.VERSION, inputs={"model": model_id}, config=_pack_config(pack, vta)
+    )
 
 
 def pack_step(store: ArtifactStore, model: Artifact, pack: PackConfig, vta: VTAConfig) -> Artifact:
     key = pack_key(store, model.id, pack, vta)
     return store.produce(
-        pack_mod.STEP, key, lambda out: pack_mod.pack_model(model.path, pack, vta, out),
-        inputs={"model": model.id}, config=_pack_config(pack, vta),
+        pack_mod.STEP,
+        key,
+        lambda out: pack_mod.pack_model(model.path, pack, vta, out),
+        inputs={"model": model.id},
+        config=_pack_config(pack, vta),
     )
 
 
@@ -163,8 +177,13 @@ def layout_key(store: ArtifactStore, model_id: str, config: dict[str, Any]) -> s
 def layout_step(store: ArtifactStore, model: Artifact, config: dict[str, Any]) -> Artifact:
     """The network with every conv blocked for the CPU; `config` is `cpu_layout.layout_config`'s."""
     key = layout_key(store, model.id, config)
-    return store.produce(layout_mod.STEP, key, lambda out: layout_mod.layout_model(model.path, config, out),
-                         inputs={"model": model.id}, config=config)
+    return store.produce(
+        layout_mod.STEP,
+        key,
+        lambda out: layout_mod.layout_model(model.path, config, out),
+        inputs={"model": model.id},
+        config=config,
+    )
 
 
 def wholly_on_cpu(cfg: PipelineConfig, target: ResolvedTarget) -> bool:
@@ -182,12 +201,14 @@ def with_defaults(cfg: PipelineConfig, target: ResolvedTarget | None) -> Pipelin
     if cfg.quantize.skip_conv_layers is not None:
         return cfg
     blocked = target is not None and layout_mod.recipe(cfg, target).blocked
-    return cfg.model_copy(update={"quantize": cfg.quantize.model_copy(
-        update={"skip_conv_layers": () if blocked else (0,)})})
+    return cfg.model_copy(
+        update={"quantize": cfg.quantize.model_copy(update={"skip_conv_layers": () if blocked else (0,)})}
+    )
 
 
-def prepare_model(store: ArtifactStore, cfg: PipelineConfig, upto: str = "pack",
-                  target: ResolvedTarget | None = None) -> Artifact:
+def prepare_model(
+    store: ArtifactStore, cfg: PipelineConfig, upto: str = "pack", target: ResolvedTarget | None = None
+) -> Artifact:
     """fetch -> quantize (if enabled) -> pack (if enabled) or, on a CPU `target`, the blocked
     layout (as the preset says): the network the tasks come from."""
     cfg = with_defaults(cfg, target)
@@ -214,20 +235,23 @@ def _extract_config(target: ResolvedTarget, vta: VTAConfig | None) -> dict[str, 
 
 
 def extract_key(store: ArtifactStore, fetched_id: str, target: ResolvedTarget, vta: VTAConfig | None = None) -> str:
-    return store.key(extract_mod.STEP, version=extract_mod.VERSION, inputs={"model": fetched_id},
-                     config=_extract_config(target, vta))
+    return store.key(
+        extract_mod.STEP, version=extract_mod.VERSION, inputs={"model": fetched_id}, config=_extract_config(target, vta)
+    )
 
 
-def extract_step(store: ArtifactStore, fetched: Artifact, target: ResolvedTarget,
-                 vta: VTAConfig | None = None) -> Artifact:
+def extract_step(
+    store: ArtifactStore, fetched: Artifact, target: ResolvedTarget, vta: VTAConfig | None = None
+) -> Artifact:
     """Lower the network and extract its tuning tasks; with `vta`, its packed convs offloaded
     to VTA first (their knob tasks listed apart)."""
     key = extract_key(store, fetched.id, target, vta)
     return store.produce(
         extract_mod.STEP,
         key,
-        lambda out: extract_mod.extract_tasks(fetched.path, target.full_json, out, target.layout,
-                                              vta.model_dump(mode="json") if vta is not None else None),
+        lambda out: extract_mod.extract_tasks(
+            fetched.path, target.full_json, out, target.layout, vta.model_dump(mode="json") if vta is not None else None
+        ),
         inputs={"model": fetched.id},
         config=_extract_config(target, vta),
     )
@@ -238,12 +262,22 @@ def _tune_config(tune: TuneConfig, measure: MeasureConfig, key: str) -> dict[str
     # A task's tuning depends on its own budget only; how the network's budget was spread
     # (tune.allocation) is the flow's business and not part of the task's key.
     # Our design spaces' versions: a task searches again when its space changed (`spaces.upgrade`).
-    return {"tune": tune.model_dump(mode="json", exclude={"allocation"}), "measure": measure.model_dump(mode="json", exclude={"tracker_wait_s"}),
-            "board_key": key, "spaces": spaces.versions()}
+    return {
+        "tune": tune.model_dump(mode="json", exclude={"allocation"}),
+        "measure": measure.model_dump(mode="json", exclude={"tracker_wait_s"}),
+        "board_key": key,
+        "spaces": spaces.versions(),
+    }
 
 
-def tune_key(store: ArtifactStore, task: extract_mod.TaskInfo, target: ResolvedTarget,
-             tune: TuneConfig, measure: MeasureConfig, board_key: str) -> str:
+def tune_key(
+    store: ArtifactStore,
+    task: extract_mod.TaskInfo,
+    target: ResolvedTarget,
+    tune: TuneConfig,
+    measure: MeasureConfig,
+    board_key: str,
+) -> str:
     return store.key(
         tuning.STEP,
         version=tuning.VERSION,
@@ -252,8 +286,9 @@ def tune_key(store: ArtifactStore, task: extract_mod.TaskInfo, target: ResolvedT
     )
 
 
-def tune_work_dir(store: ArtifactStore, task: extract_mod.TaskInfo, target: ResolvedTarget, board_key: str,
-                  session: str | None) -> Path:
+def tune_work_dir(
+    store: ArtifactStore, task: extract_mod.TaskInfo, target: ResolvedTarget, board_key: str, session: str | None
+) -> Path:
     """Where a task's records accumulate: per (target, board key, workload, session).
 
     Work dirs of a store written before workloads had structural keys are moved first."""
@@ -281,17 +316,35 @@ def tune_step(
         # Earlier sessions' best records of this workload (same target and board key) seed the
         # search; their best latency is what this session is measured against.
         seeds, previous_best, seed_hashes = history.best_records(
-            store.root, task.workload_hash, target.id, board.key, tune.warm_start, exclude_session=tune.session)
+            store.root, task.workload_hash, target.id, board.key, tune.warm_start, exclude_session=tune.session
+        )
         # A workload the store never measured starts from the records library (its CPU class's).
-        library = (records_library.seeds(records_library.resolve(tune.records_library), task.workload_hash, target,
-                                         min(tune.warm_start, records_library.PER_WORKLOAD))
-                   if tune.warm_start and not seeds else None)
+        library = (
+            records_library.seeds(
+                records_library.resolve(tune.records_library),
+                task.workload_hash,
+                target,
+                min(tune.warm_start, records_library.PER_WORKLOAD),
+            )
+            if tune.warm_start and not seeds
+            else None
+        )
         outcome = tuning.tune_task(
-            extracted.path / task.file, task.name, task.flops, task.workload_hash,
-            target.full_json, board, tune, measure, work, progress,
-            seeds=seeds if tune.warm_start else None, previous_best_ms=previous_best,
+            extracted.path / task.file,
+            task.name,
+            task.flops,
+            task.workload_hash,
+            target.full_json,
+            board,
+            tune,
+            measure,
+            work,
+            progress,
+            seeds=seeds if tune.warm_start else None,
+            previous_best_ms=previous_best,
             seed_hashes=seed_hashes if tune.warm_start else None,
-            cross_compiler=target.cross_compiler, library=library,
+            cross_compiler=target.cross_compiler,
+            library=library,
         )
         names = ["database_workload.json", "database_tuning_record.json", "trials.jsonl"]
         if outcome.retimed:  # pick best builds with its winner
@@ -303,7 +356,9 @@ def tune_step(
         return {k: v for k, v in outcome.to_dict().items() if k != "curve"}
 
     return store.produce(
-        tuning.STEP, key, compute,
+        tuning.STEP,
+        key,
+        compute,
         inputs={"workload": task.workload_hash, "target": target.id},
         config=_tune_config(tune, measure, board.key),
     )
@@ -315,18 +370,36 @@ VTA_TUNE_VERSION = 1
 
 
 def _vta_tune_config(tune: TuneConfig, vta: VTAConfig, board_key: str) -> dict[str, Any]:
-    return {"trials": tune.trials_per_task, "batch": tune.trials_per_batch, "strategy": tune.cost_model,
-            "early_stopping": tune.early_stopping, "seed": tune.seed, "session": tune.session,
-            "vta": vta.model_dump(mode="json"), "board_key": board_key}
+    return {
+        "trials": tune.trials_per_task,
+        "batch": tune.trials_per_batch,
+        "strategy": tune.cost_model,
+        "early_stopping": tune.early_stopping,
+        "seed": tune.seed,
+        "session": tune.session,
+        "vta": vta.model_dump(mode="json"),
+        "board_key": board_key,
+    }
 
 
 def vta_tune_key(store: ArtifactStore, task: Any, vta: VTAConfig, board_key: str, tune: TuneConfig) -> str:
-    return store.key(VTA_TUNE_STEP, version=VTA_TUNE_VERSION, inputs={"task": task.key},
-                     config=_vta_tune_config(tune, vta, board_key))
+    return store.key(
+        VTA_TUNE_STEP,
+        version=VTA_TUNE_VERSION,
+        inputs={"task": task.key},
+        config=_vta_tune_config(tune, vta, board_key),
+    )
 
 
-def vta_tune_step(store: ArtifactStore, task: Any, vta: VTAConfig, tracker: str, board_key: str,
-                  tune: TuneConfig, progress: Callable[[int, int, float | None], None] | None = None) -> Artifact:
+def vta_tune_step(
+    store: ArtifactStore,
+    task: Any,
+    vta: VTAConfig,
+    tracker: str,
+    board_key: str,
+    tune: TuneConfig,
+    progress: Callable[[int, int, float | None], None] | None = None,
+) -> Artifact:
     """Tune one VTA task's knobs on the boards under `board_key` (`tune.cost_model`: xgb or
     random). Its trials accumulate in a work dir per (VTA config, board key, task, session),
     so a killed run goes on from them; the result (best knobs, untuned and tuned latency) is
@@ -341,17 +414,33 @@ def vta_tune_step(store: ArtifactStore, task: Any, vta: VTAConfig, tracker: str,
     work = trial_log.task_work_dir(store.root / "work", f"vta-{vta_id}-{board_key}", task.key, tune.session)
 
     def compute(out: Path) -> dict[str, Any]:
-        tuner = KnobTuner(task.workload, task.epilogue, vta, work, board_measure(tracker, board_key, task.workload,
-                                                                                 task.epilogue, vta),
-                          strategy=tune.cost_model, seed=tune.seed, batch=tune.trials_per_batch)
+        tuner = KnobTuner(
+            task.workload,
+            task.epilogue,
+            vta,
+            work,
+            board_measure(tracker, board_key, task.workload, task.epilogue, vta),
+            strategy=tune.cost_model,
+            seed=tune.seed,
+            batch=tune.trials_per_batch,
+        )
         default_ms = tuner.default_ms()
         best = tuner.tune(tune.trials_per_task, tune.early_stopping, progress)
         if best is None:
             raise RuntimeError(f"VTA task {task.name}: no knob config ran on the board (see {work / 'trials.jsonl'})")
         shutil.copy2(work / "trials.jsonl", out / "trials.jsonl")
-        summary = {"task": task.name, "key": task.key, "count": task.count, "workload": task.to_dict()["workload"],
-                   "epilogue": task.to_dict()["epilogue"], "best_knobs": best[0].to_dict(), "best_ms": best[1],
-                   "default_ms": default_ms, "trials": len(tuner.trials()), "ops": task.ops()}
+        summary = {
+            "task": task.name,
+            "key": task.key,
+            "count": task.count,
+            "workload": task.to_dict()["workload"],
+            "epilogue": task.to_dict()["epilogue"],
+            "best_knobs": best[0].to_dict(),
+            "best_ms": best[1],
+            "default_ms": default_ms,
+            "trials": len(tuner.trials()),
+            "ops": task.ops(),
+        }
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
 
@@ -360,15 +449,21 @@ def vta_tune_step(store: ArtifactStore, task: Any, vta: VTAConfig, tracker: str,
 
 # ---- pick best --------------------------------------------------------------------------------
 def pick_best_key(store: ArtifactStore, tuned_ids: list[str], target: ResolvedTarget) -> str:
-    return store.key(records_mod.STEP, version=records_mod.VERSION,
-                     inputs={"tuned": sorted(tuned_ids), "target": target.id}, config={})
+    return store.key(
+        records_mod.STEP,
+        version=records_mod.VERSION,
+        inputs={"tuned": sorted(tuned_ids), "target": target.id},
+        config={},
+    )
 
 
 def pick_best_step(store: ArtifactStore, tuned: list[Artifact], target: ResolvedTarget) -> Artifact:
     ids = [a.id for a in tuned]
     key = pick_best_key(store, ids, target)
     return store.produce(
-        records_mod.STEP, key, lambda out: records_mod.pick_best([a.path for a in tuned], out),
+        records_mod.STEP,
+        key,
+        lambda out: records_mod.pick_best([a.path for a in tuned], out),
         inputs={"tuned": sorted(ids), "target": target.id},
     )
 
@@ -379,14 +474,28 @@ def _build_inputs(extracted_id: str, best_id: str | None, vta_tuned_ids: list[st
     return {"tasks": extracted_id, "best": best_id, **({"vta_tuned": sorted(vta_tuned_ids)} if vta_tuned_ids else {})}
 
 
-def build_key(store: ArtifactStore, extracted_id: str, best_id: str | None, target: ResolvedTarget,
-              vta_tuned_ids: list[str] | None = None) -> str:
-    return store.key(build_mod.STEP, version=build_mod.VERSION,
-                     inputs=_build_inputs(extracted_id, best_id, vta_tuned_ids), config=target.to_dict())
+def build_key(
+    store: ArtifactStore,
+    extracted_id: str,
+    best_id: str | None,
+    target: ResolvedTarget,
+    vta_tuned_ids: list[str] | None = None,
+) -> str:
+    return store.key(
+        build_mod.STEP,
+        version=build_mod.VERSION,
+        inputs=_build_inputs(extracted_id, best_id, vta_tuned_ids),
+        config=target.to_dict(),
+    )
 
 
-def build_step(store: ArtifactStore, extracted: Artifact, best: Artifact | None, target: ResolvedTarget,
-               vta_tuned: list[Artifact] | None = None) -> Artifact:
+def build_step(
+    store: ArtifactStore,
+    extracted: Artifact,
+    best: Artifact | None,
+    target: ResolvedTarget,
+    vta_tuned: list[Artifact] | None = None,
+) -> Artifact:
     """Build the network with the best MetaSchedule records (`best`) and, for offloaded
     convs, the best knobs of each VTA task (`vta_tuned`); untuned without them."""
     target.check_toolchain()
@@ -398,7 +507,8 @@ def build_step(store: ArtifactStore, extracted: Artifact, best: Artifact | None,
         summary = json.loads((a.path / "summary.json").read_text())
         knobs[summary["key"]] = summary["best_knobs"]
     return store.produce(
-        build_mod.STEP, key,
+        build_mod.STEP,
+        key,
         lambda out: build_mod.build_network(
             extracted.path, target.full_json, out, best.path if best else None, target.cross_compiler, knobs or None
         ),
@@ -409,9 +519,12 @@ def build_step(store: ArtifactStore, extracted: Artifact, best: Artifact | None,
 
 # ---- evaluate ---------------------------------------------------------------------------------
 def evaluate_key(store: ArtifactStore, built_id: str, fetched_id: str, cfg: EvalConfig, board_key: str) -> str:
-    return store.key(eval_mod.STEP, version=eval_mod.VERSION,
-                     inputs={"lib": built_id, "reference": fetched_id},
-                     config={"evaluate": _eval_keyed(cfg), "board_key": board_key})
+    return store.key(
+        eval_mod.STEP,
+        version=eval_mod.VERSION,
+        inputs={"lib": built_id, "reference": fetched_id},
+        config={"evaluate": _eval_keyed(cfg), "board_key": board_key},
+    )
 
 
 def _eval_keyed(cfg: EvalConfig) -> dict[str, Any]:
@@ -419,27 +532,56 @@ def _eval_keyed(cfg: EvalConfig) -> dict[str, Any]:
     return cfg.model_dump(mode="json", exclude={"board_timeout_s"})
 
 
-def evaluate_step(store: ArtifactStore, built: Artifact, fetched: Artifact, target: ResolvedTarget,
-                  tracker: tuple[str, int], board_key: str, cfg: EvalConfig) -> Artifact:
+def evaluate_step(
+    store: ArtifactStore,
+    built: Artifact,
+    fetched: Artifact,
+    target: ResolvedTarget,
+    tracker: tuple[str, int],
+    board_key: str,
+    cfg: EvalConfig,
+) -> Artifact:
     key = evaluate_key(store, built.id, fetched.id, cfg, board_key)
 
     def compute(out: Path) -> dict[str, Any]:
         ev = eval_mod.evaluate_on_board(
-            built.file(build_mod.LIB), importers.load_reference(fetched.path), target.kind,
-            tracker, board_key, cfg.number, cfg.repeat, cfg.rtol, cfg.atol,
-            float_output=importers.load_float_reference(fetched.path), max_seconds=cfg.max_seconds,
-            min_repeat_ms=cfg.min_repeat_ms, vta=target.offload == "vta", board_timeout_s=cfg.board_timeout_s,
+            built.file(build_mod.LIB),
+            importers.load_reference(fetched.path),
+            target.kind,
+            tracker,
+            board_key,
+            cfg.number,
+            cfg.repeat,
+            cfg.rtol,
+            cfg.atol,
+            float_output=importers.load_float_reference(fetched.path),
+            max_seconds=cfg.max_seconds,
+            min_repeat_ms=cfg.min_repeat_ms,
+            vta=target.offload == "vta",
+            board_timeout_s=cfg.board_timeout_s,
         )
         (out / "evaluation.json").write_text(json.dumps(ev.to_dict(), indent=1))
         return ev.to_dict()
 
-    return store.produce(eval_mod.STEP, key, compute, inputs={"lib": built.id, "reference": fetched.id},
-                         config={"evaluate": _eval_keyed(cfg), "board_key": board_key})
+    return store.produce(
+        eval_mod.STEP,
+        key,
+        compute,
+        inputs={"lib": built.id, "reference": fetched.id},
+        config={"evaluate": _eval_keyed(cfg), "board_key": board_key},
+    )
 
 
 # ---- after the evaluation ----------------------------------------------------------------------
-def compare_runtime(cfg: PipelineConfig, target: ResolvedTarget, built: Artifact, fetched: Artifact,
-                    tracker: tuple[str, int], board_key: str, threads: int | None) -> dict[str, Any]:
+def compare_runtime(
+    cfg: PipelineConfig,
+    target: ResolvedTarget,
+    built: Artifact,
+    fetched: Artifact,
+    tracker: tuple[str, int],
+    board_key: str,
+    threads: int | None,
+) -> dict[str, Any]:
     """The tuned build timed in turn with ONNX Runtime fp32, and for an int8 run with ORT's own
     int8 (`baseline`), or why not."""
     import tempfile
@@ -455,24 +597,43 @@ def compare_runtime(cfg: PipelineConfig, target: ResolvedTarget, built: Artifact
         int8_onnx, int8_absent = None, None
         if cfg.quantize.enabled:
             try:
-                int8_onnx = baseline.quantize_qdq(onnx_path, Path(work) / "model.qdq.onnx", quantize_mod.calibration_inputs(
-                    cfg.quantize, tuple(x.shape), cfg.model.seed))
+                int8_onnx = baseline.quantize_qdq(
+                    onnx_path,
+                    Path(work) / "model.qdq.onnx",
+                    quantize_mod.calibration_inputs(cfg.quantize, tuple(x.shape), cfg.model.seed),
+                )
             except baseline.QuantizerUnavailable as e:
                 int8_absent = str(e)
-        out = baseline.compare(built.file(build_mod.LIB), onnx_path, x, y, tracker, board_key,
-                               threads or target.cpu_threads or 1, cfg.evaluate.compare_rounds,
-                               cfg.evaluate.min_repeat_ms, int8_onnx=int8_onnx,
-                               float_reference=importers.load_float_reference(fetched.path),
-                               board_timeout_s=cfg.evaluate.board_timeout_s)
+        out = baseline.compare(
+            built.file(build_mod.LIB),
+            onnx_path,
+            x,
+            y,
+            tracker,
+            board_key,
+            threads or target.cpu_threads or 1,
+            cfg.evaluate.compare_rounds,
+            cfg.evaluate.min_repeat_ms,
+            int8_onnx=int8_onnx,
+            float_reference=importers.load_float_reference(fetched.path),
+            board_timeout_s=cfg.evaluate.board_timeout_s,
+        )
     out["int8_run"] = cfg.quantize.enabled
     if int8_absent:
         out["int8_absent"] = int8_absent
     return out
 
 
-def regression_verdict(store: ArtifactStore, result: dict[str, Any], cfg: GuardConfig, target: ResolvedTarget,
-                       tracker: tuple[str, int], board_key: str, fetched: Artifact,
-                       min_repeat_ms: float = 50.0) -> guard.Verdict:
+def regression_verdict(
+    store: ArtifactStore,
+    result: dict[str, Any],
+    cfg: GuardConfig,
+    target: ResolvedTarget,
+    tracker: tuple[str, int],
+    board_key: str,
+    fetched: Artifact,
+    min_repeat_ms: float = 50.0,
+) -> guard.Verdict:
     """The regression guard's verdict on tonight's run: the history's, and when that says
     "regressed", the two builds' (tonight's and the best night's) timed in turn on a board
     under `board_key` for `cfg.confirm_rounds` rounds. Where they cannot be timed in turn
@@ -490,8 +651,15 @@ def regression_verdict(store: ArtifactStore, result: dict[str, Any], cfg: GuardC
         return replace(verdict, in_turn_error=f"{gone} is no longer in the store {store.root}")
     x, _ = importers.load_reference(fetched.path)
     try:
-        ms = eval_mod.time_in_turn([tonight.file(build_mod.LIB), best.file(build_mod.LIB)], x, target.kind, tracker,
-                                   board_key, cfg.confirm_rounds, min_repeat_ms=min_repeat_ms)
+        ms = eval_mod.time_in_turn(
+            [tonight.file(build_mod.LIB), best.file(build_mod.LIB)],
+            x,
+            target.kind,
+            tracker,
+            board_key,
+            cfg.confirm_rounds,
+            min_repeat_ms=min_repeat_ms,
+        )
     except BoardError as e:
         return replace(verdict, in_turn_error=str(e))
     return guard.confirm_in_turn(verdict, ms[0], ms[1])

@@ -91,11 +91,15 @@ def check_store_path(root: Path | str) -> Path:
         if p.exists():
             if not p.is_dir():
                 what = "is a file" if p == path else f"is under {p}, which is a file"
-                raise ConfigError(f"the store {path} {what}, not a directory: pass --store with a directory "
-                                  "(created if missing), e.g. --store ./vta-store")
+                raise ConfigError(
+                    f"the store {path} {what}, not a directory: pass --store with a directory "
+                    "(created if missing), e.g. --store ./vta-store"
+                )
             if not os.access(p, os.W_OK | os.X_OK):
-                raise ConfigError(f"the store {path} cannot be created or written: {p} is not writable by this "
-                                  "user; pass --store with a directory you can write")
+                raise ConfigError(
+                    f"the store {path} cannot be created or written: {p} is not writable by this "
+                    "user; pass --store with a directory you can write"
+                )
             break
     return path
 
@@ -315,8 +319,12 @@ def read_json(path: Path, default: Any = None) -> Any:
             os.replace(path, aside)
         except FileNotFoundError:  # another reader moved it first
             pass
-        logging.getLogger(__name__).warning("%s does not parse (%s): moved to %s; what it held is derived again",
-                                            path, str(e).splitlines()[0][:120], aside)
+        logging.getLogger(__name__).warning(
+            "%s does not parse (%s): moved to %s; what it held is derived again",
+            path,
+            str(e).splitlines()[0][:120],
+            aside,
+        )
         return default
 
 

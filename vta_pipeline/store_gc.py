@@ -143,8 +143,10 @@ def compact_history(store_root: Path, dry_run: bool = False) -> int:
     from .store import durable_replace, fsync_dir
 
     merged = 0
-    for name, schema in ((history.MEASUREMENTS, history.MEASUREMENT_SCHEMA),
-                         (history.EVALUATIONS, history.EVALUATION_SCHEMA)):
+    for name, schema in (
+        (history.MEASUREMENTS, history.MEASUREMENT_SCHEMA),
+        (history.EVALUATIONS, history.EVALUATION_SCHEMA),
+    ):
         base = history.history_dir(store_root) / name
         if not base.is_dir():
             continue
@@ -169,8 +171,9 @@ def compact_history(store_root: Path, dry_run: bool = False) -> int:
     return merged
 
 
-def collect(store_root: Path, keep_days: float = 14.0, dry_run: bool = False, now: float | None = None,
-            compact: bool = True) -> GcReport:
+def collect(
+    store_root: Path, keep_days: float = 14.0, dry_run: bool = False, now: float | None = None, compact: bool = True
+) -> GcReport:
     """Remove what the module docstring lists as droppable and older than `keep_days`."""
     if keep_days < 0:
         raise ConfigError(f"--keep-days must be 0 or more, got {keep_days}")
@@ -212,7 +215,8 @@ def check_free_space(store_root: Path, min_free_gib: float) -> float:
         raise StoreFull(
             f"the store {root} has {free:.2f} GiB free on its filesystem, and a night needs at least "
             f"{min_free_gib:g} GiB (min_free_gib in --config): run `vta-pipeline store gc --store {root}` "
-            "or free space on that disk, then rerun")
+            "or free space on that disk, then rerun"
+        )
     return free
 
 
@@ -234,6 +238,8 @@ def disk_full(exc: BaseException) -> OSError | str | None:
 def disk_full_message(store_root: Path, err: OSError | str) -> str:
     """What a run that hit a full disk says: one line, naming the fix."""
     where = f"{err.filename or store_root}: {os.strerror(err.errno)}" if isinstance(err, OSError) else err
-    return (f"the disk is full ({where}). Every batch measured before it is kept in the store {store_root}: "
-            f"free space (`vta-pipeline store gc --store {store_root}` drops old builds, logs and leftovers) "
-            "and rerun the same command to continue")
+    return (
+        f"the disk is full ({where}). Every batch measured before it is kept in the store {store_root}: "
+        f"free space (`vta-pipeline store gc --store {store_root}` drops old builds, logs and leftovers) "
+        "and rerun the same command to continue"
+    )

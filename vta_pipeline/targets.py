@@ -53,8 +53,13 @@ class TargetPreset:
 
 
 # The RK3399's big cluster (2x Cortex-A72): TVM's runtime binds its threads to big cores.
-_RK3399_HOST = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a72", "mattr": ["+neon"],
-                "num-cores": 2}
+_RK3399_HOST = {
+    "kind": "llvm",
+    "mtriple": "aarch64-linux-gnu",
+    "mcpu": "cortex-a72",
+    "mattr": ["+neon"],
+    "num-cores": 2,
+}
 _CPU_MEASURE = {"number": 4, "repeat": 3, "timeout_s": 60}
 
 
@@ -77,8 +82,14 @@ def _pynq_arm(option: str | None) -> TargetPreset:
     return TargetPreset(
         name="pynq-arm",
         description="Pynq-Z1's ARM Cortex-A9 (armv7 hard-float, NEON): the VTA recipe's device=arm_cpu mode",
-        target={"kind": "llvm", "mtriple": "armv7a-linux-gnueabihf", "mcpu": "cortex-a9", "mattr": ["+neon"],
-                "mfloat-abi": "hard", "num-cores": 2},
+        target={
+            "kind": "llvm",
+            "mtriple": "armv7a-linux-gnueabihf",
+            "mcpu": "cortex-a9",
+            "mattr": ["+neon"],
+            "mfloat-abi": "hard",
+            "num-cores": 2,
+        },
         key="pynq",
         cross_compiler="arm-linux-gnueabihf-g++",
         cross_package="g++-arm-linux-gnueabihf",
@@ -96,11 +107,13 @@ def _pynq_vta(option: str | None) -> TargetPreset:
         key="pynq-vta",
         measure={},
         runtime="a VTA bitstream and its driver (see unavailable)",
-        unavailable=("a Pynq-Z1 with a VTA bitstream built from VTA's hw_spec.h and this vta_config.json (HW_VER "
-                     "0.0.2: the instructions vta_pipeline.vta.isa encodes), and a driver on its ARM core that "
-                     "hands our instruction streams to the FPGA (what VTA's pynq_driver.cc did); neither exists "
-                     "in this project. VTA's simulator runs the same instructions (docs/vta-target.md); "
-                     "--target pynq-arm runs VTA's packed int8 layouts on the Pynq's ARM core"),
+        unavailable=(
+            "a Pynq-Z1 with a VTA bitstream built from VTA's hw_spec.h and this vta_config.json (HW_VER "
+            "0.0.2: the instructions vta_pipeline.vta.isa encodes), and a driver on its ARM core that "
+            "hands our instruction streams to the FPGA (what VTA's pynq_driver.cc did); neither exists "
+            "in this project. VTA's simulator runs the same instructions (docs/vta-target.md); "
+            "--target pynq-arm runs VTA's packed int8 layouts on the Pynq's ARM core"
+        ),
     )
 
 
@@ -121,8 +134,13 @@ def _rk3399_mali(option: str | None) -> TargetPreset:
     return TargetPreset(
         name="rk3399-mali",
         description="RK3399's Mali-T860 GPU through OpenCL, aarch64 host code (limits read from the board)",
-        target={"kind": "opencl", "device": "mali", "max_threads_per_block": 256,
-                "max_shared_memory_per_block": 32768, "thread_warp_size": 1},
+        target={
+            "kind": "opencl",
+            "device": "mali",
+            "max_threads_per_block": 256,
+            "max_shared_memory_per_block": 32768,
+            "thread_warp_size": 1,
+        },
         host={k: v for k, v in _RK3399_HOST.items() if k != "num-cores"},
         key="rk3399",
         cross_compiler="aarch64-linux-gnu-g++",
@@ -145,8 +163,13 @@ def _cuda(option: str | None) -> TargetPreset:
     return TargetPreset(
         name="cuda",
         description=f"An NVIDIA GPU (CUDA, {arch}; set with cuda:sm_XX), x86-64 host",
-        target={"kind": "cuda", "arch": arch, "max_threads_per_block": 1024,
-                "max_shared_memory_per_block": 49152, "thread_warp_size": 32},
+        target={
+            "kind": "cuda",
+            "arch": arch,
+            "max_threads_per_block": 1024,
+            "max_shared_memory_per_block": 49152,
+            "thread_warp_size": 32,
+        },
         host={"kind": "llvm", "mcpu": "x86-64"},
         key="cuda",
         device="cuda",
@@ -163,7 +186,7 @@ def _vta_sim(option: str | None) -> TargetPreset:
         _host_preset(option),
         name="vta-sim",
         description="VTA's simulator as a board: packed convs compiled to VTA instructions and run (and timed) "
-                    "by the simulator, the rest of the network on this machine's CPU; needs --vta",
+        "by the simulator, the rest of the network on this machine's CPU; needs --vta",
         key="vta-sim",
         offload="vta",
         server_module="vta_pipeline.vta.rpc_server",
@@ -295,8 +318,7 @@ class ResolvedTarget:
             return self
         base = json.loads(self.spec) if self.spec.startswith("{") else {"preset": self.spec}
         base["target"] = {**base.get("target", {}), **overrides}
-        return replace(self, target_json={**self.target_json, **overrides},
-                       spec=json.dumps(base, sort_keys=True))
+        return replace(self, target_json={**self.target_json, **overrides}, spec=json.dumps(base, sort_keys=True))
 
     def check_toolchain(self) -> None:
         """The cross compiler must be on PATH before anything is computed."""
@@ -344,6 +366,17 @@ def resolve_target(spec: str) -> ResolvedTarget:
         return ResolvedTarget("custom", tj, host, "host", None, device=device, spec=spec)
     p = get_preset(spec)
     _validate(p.target, p.host, spec)
-    return ResolvedTarget(p.name, p.target, p.host, p.key, p.cross_compiler, device=p.device, layout=p.layout,
-                          cross_package=p.cross_package, query_device=p.query_device, spec=spec, offload=p.offload,
-                          server_module=p.server_module)
+    return ResolvedTarget(
+        p.name,
+        p.target,
+        p.host,
+        p.key,
+        p.cross_compiler,
+        device=p.device,
+        layout=p.layout,
+        cross_package=p.cross_package,
+        query_device=p.query_device,
+        spec=spec,
+        offload=p.offload,
+        server_module=p.server_module,
+    )

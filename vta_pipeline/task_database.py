@@ -68,8 +68,14 @@ def set_aside_unreplayable(work_dir: Path) -> int:
         with open(rec_path.with_name(rec_path.name + ".unreplayable"), "a") as f:
             f.writelines(line + "\n" for line, _ in bad)
         atomic_write_text(rec_path, "".join(line + "\n" for line in good))
-        log.warning("%s: set aside %d record(s) that no longer replay in %s.unreplayable (first: %s); kept %d",
-                    rec_path, len(bad), rec_path.name, bad[0][1], len(good))
+        log.warning(
+            "%s: set aside %d record(s) that no longer replay in %s.unreplayable (first: %s); kept %d",
+            rec_path,
+            len(bad),
+            rec_path.name,
+            bad[0][1],
+            len(good),
+        )
     return len(bad)
 
 
@@ -95,8 +101,9 @@ def record_json(candidate, workload, run_secs, target) -> Any:
         rec = ms.database.TuningRecord(candidate.sch.trace, workload, run_secs, target, candidate.args_info)
         return plain_json(_ffi_api.TuningRecordAsJSON(rec))
     except Exception:  # never lose the measurement over its record; but say so (warm starts need it)
-        log.warning("could not serialize a tuning record: the history keeps its latency but no warm-start seed",
-                    exc_info=True)
+        log.warning(
+            "could not serialize a tuning record: the history keeps its latency but no warm-start seed", exc_info=True
+        )
         return None
 
 
@@ -193,11 +200,16 @@ def _valid_workload_line(line: str) -> bool:
 def _valid_record_line(line: str, n_workloads: int) -> bool:
     try:
         v = json.loads(line)
-        return (isinstance(v, list) and len(v) == 2 and isinstance(v[0], int) and 0 <= v[0] < n_workloads
-                and isinstance(v[1], list) and len(v[1]) >= 2)
+        return (
+            isinstance(v, list)
+            and len(v) == 2
+            and isinstance(v[0], int)
+            and 0 <= v[0] < n_workloads
+            and isinstance(v[1], list)
+            and len(v[1]) >= 2
+        )
     except ValueError:
         return False
-
 
 
 def _records(db) -> list:
@@ -209,8 +221,8 @@ def known_hashes(db, workload_mod, work_dir: Path) -> set[int]:
     database's records replayed, and every schedule our trial log holds (measured as
     proposed, failed ones included: a record replayed from the database does not always
     hash like the candidate that was measured, and a rerun must not measure it again)."""
-    from tvm_ffi import structural_hash
     from tvm.s_tir import Schedule
+    from tvm_ffi import structural_hash
 
     out = {int(r["schedule_hash"], 16) for r in read_trials(work_dir) if r.get("schedule_hash")}
     warm = Path(work_dir) / "warm_start.json"
@@ -224,5 +236,3 @@ def known_hashes(db, workload_mod, work_dir: Path) -> set[int]:
         except Exception:  # a trace that no longer replays: it cannot be proposed again either
             continue
     return out
-
-

@@ -96,8 +96,13 @@ def repair_torn_tail(path: Path) -> bytes | None:
         os.fsync(f.fileno())
     if whole:
         return None
-    _log.warning("%s ended in a torn line (%d bytes, a kill or a full disk mid-write): moved to %s.torn; "
-                 "every whole line is kept", path, len(tail), path.name)
+    _log.warning(
+        "%s ended in a torn line (%d bytes, a kill or a full disk mid-write): moved to %s.torn; "
+        "every whole line is kept",
+        path,
+        len(tail),
+        path.name,
+    )
     return tail
 
 
@@ -147,9 +152,11 @@ def implausible(run_secs) -> str | None:
     bad = [v for v in vals if not math.isfinite(v) or v < MIN_PLAUSIBLE_S]
     if not vals or not bad:
         return None
-    return (f"the board reported {bad[0]!r} s for a run ({len(bad)} of {len(vals)} repeats), below "
-            f"{MIN_PLAUSIBLE_S * 1e9:.0f} ns: its timer is broken or it did not run the code. Take that board "
-            "off the tracker and check its TVM runtime (python -m tvm.exec.rpc_server on a known-good build)")
+    return (
+        f"the board reported {bad[0]!r} s for a run ({len(bad)} of {len(vals)} repeats), below "
+        f"{MIN_PLAUSIBLE_S * 1e9:.0f} ns: its timer is broken or it did not run the code. Take that board "
+        "off the tracker and check its TVM runtime (python -m tvm.exec.rpc_server on a known-good build)"
+    )
 
 
 def fastest_secs(run_secs) -> float:

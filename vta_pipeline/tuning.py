@@ -32,22 +32,29 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import int8_dot, intrin_registry, pools, retime, schedule_rules, spaces
-from .spaces import upgrade as space_upgrade
 from .boards import BoardSpec
 from .config import MeasureConfig, TuneConfig
 from .cost_model import lease as lease_cost_model
 from .errors import BoardError
 from .progress import publish
 from .search_hooks import make_guarded_search, make_log_callback
+from .spaces import upgrade as space_upgrade
 from .store import atomic_write_text, read_json
 from .task_database import known_hashes, open_database, repair_database, seed_database
-from .trial_log import (FAILED, history, last_threads, mean_secs, read_default_ms, read_state, read_trials,
-                        write_state)
+from .trial_log import FAILED, history, last_threads, mean_secs, read_default_ms, read_state, read_trials, write_state
 
 log = logging.getLogger(__name__)
 
-__all__ = ["STEP", "VERSION", "TuneOutcome", "TuningAborted", "tune_task", "measure_default",
-           "population_size", "genetic_iters"]
+__all__ = [
+    "STEP",
+    "VERSION",
+    "TuneOutcome",
+    "TuningAborted",
+    "tune_task",
+    "measure_default",
+    "population_size",
+    "genetic_iters",
+]
 
 STEP = "tune"
 VERSION = 3  # 3: functions without a reduction search the injective space (before: one generic schedule)
@@ -125,9 +132,23 @@ def tune_task(
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     with FileLock(str(work_dir / "lock")):  # two runs never tune the same records at once
-        return _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board, tune, measure,
-                            work_dir, progress, seeds or [], previous_best_ms, cross_compiler, seed_hashes or [],
-                            library)
+        return _tune_locked(
+            task_file,
+            task_name,
+            flops,
+            workload_hash,
+            target_spec,
+            board,
+            tune,
+            measure,
+            work_dir,
+            progress,
+            seeds or [],
+            previous_best_ms,
+            cross_compiler,
+            seed_hashes or [],
+            library,
+        )
 
 
 def population_size(round_size: int) -> int:
@@ -159,8 +180,23 @@ LIBRARY_SEEDS = "library_seeds.json"  # a work dir's records-library seeds, meas
 MAX_ROUNDS = 4  # rounds to make up for failed measurements before giving up on the budget
 
 
-def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board, tune, measure, work_dir,
-                 progress, seeds, previous_best_ms, cross_compiler, seed_hashes, library) -> TuneOutcome:
+def _tune_locked(
+    task_file,
+    task_name,
+    flops,
+    workload_hash,
+    target_spec,
+    board,
+    tune,
+    measure,
+    work_dir,
+    progress,
+    seeds,
+    previous_best_ms,
+    cross_compiler,
+    seed_hashes,
+    library,
+) -> TuneOutcome:
     """tune_task's body, under the work dir's lock: repair, warm start, search, default, outcome."""
     import tvm
 
@@ -172,11 +208,19 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
     space = spaces.label(target, workload_mod)
     old_space = _searched_in(work_dir, workload_mod, target, space)
     if space_upgrade.upgrades(old_space, space):
-        note = space_upgrade.upgrade_work_dir(work_dir, workload_mod, target, old_space,
-                                              spaces.design_space(target, workload_mod), LIBRARY_SEEDS)
-        log.warning("task %s: searched in %s before, now %s: its search is kept in %s, its %d best records "
-                    "carried over (%d upgraded) are measured first, and it searches its budget again", task_name,
-                    old_space or "an unlabelled space", space, note["archive"], note["records"], note["upgraded"])
+        note = space_upgrade.upgrade_work_dir(
+            work_dir, workload_mod, target, old_space, spaces.design_space(target, workload_mod), LIBRARY_SEEDS
+        )
+        log.warning(
+            "task %s: searched in %s before, now %s: its search is kept in %s, its %d best records "
+            "carried over (%d upgraded) are measured first, and it searches its budget again",
+            task_name,
+            old_space or "an unlabelled space",
+            space,
+            note["archive"],
+            note["records"],
+            note["upgraded"],
+        )
     trials_before = len(read_trials(work_dir))
     if seeds and _fresh(work_dir):
         _warm_start(work_dir, task_name, workload_mod, target, seeds, previous_best_ms, seed_hashes)
@@ -185,10 +229,29 @@ def _tune_locked(task_file, task_name, flops, workload_hash, target_spec, board,
     stopped = _search(work_dir, task_name, workload_mod, target, board, tune, measure, progress, cross_compiler, space)
     threads = _measure_after_search(work_dir, task_name, workload_mod, target, board, measure, tune, cross_compiler)
     lats, session_best, _ = history(work_dir)
-    write_state(work_dir, status="finished", task=task_name, budget=tune.trials_per_task, done=len(lats),
-                stopped=stopped, space=space)
-    return _outcome(work_dir, task_name, workload_hash, flops, stopped, lats, session_best, trials_before,
-                    tune.session, previous_best_ms, threads, retimed=tune.retime_top > 1)
+    write_state(
+        work_dir,
+        status="finished",
+        task=task_name,
+        budget=tune.trials_per_task,
+        done=len(lats),
+        stopped=stopped,
+        space=space,
+    )
+    return _outcome(
+        work_dir,
+        task_name,
+        workload_hash,
+        flops,
+        stopped,
+        lats,
+        session_best,
+        trials_before,
+        tune.session,
+        previous_best_ms,
+        threads,
+        retimed=tune.retime_top > 1,
+    )
 
 
 def _searched_in(work_dir: Path, workload_mod, target, space: str) -> str | None:
@@ -214,21 +277,47 @@ def _fresh(work_dir: Path) -> bool:
     return not read_state(work_dir) and not (work_dir / "warm_start.json").exists()
 
 
-def _warm_start(work_dir: Path, task_name: str, workload_mod, target, seeds: list[Any],
-                previous_best_ms: float | None, seed_hashes: list[str]) -> None:
+def _warm_start(
+    work_dir: Path,
+    task_name: str,
+    workload_mod,
+    target,
+    seeds: list[Any],
+    previous_best_ms: float | None,
+    seed_hashes: list[str],
+) -> None:
     """Seed a fresh work dir with earlier sessions' records (see `task_database.seed_database`);
     those tuned in an older version of the task's space are carried into the current one and
     measured first instead (`spaces.upgrade`: their latencies were of another loop nest)."""
     current, upgraded = _carried(seeds, workload_mod, target)
     seeded = seed_database(open_database(work_dir), workload_mod, current)
     if upgraded:
-        atomic_write_text(work_dir / LIBRARY_SEEDS, json.dumps({"records": upgraded, "provenance": {
-            "space_upgrade": {"from": "earlier sessions", "records": len(upgraded)}}}))
-    atomic_write_text(work_dir / "warm_start.json",
-                      json.dumps({"seeded": seeded, "previous_best_ms": previous_best_ms,
-                                  "schedule_hashes": list(seed_hashes), "upgraded": len(upgraded)}))
-    log.info("task %s: warm start with %d record(s) from earlier sessions (best %s ms)", task_name, seeded,
-             f"{previous_best_ms:.4f}" if previous_best_ms else "-")
+        atomic_write_text(
+            work_dir / LIBRARY_SEEDS,
+            json.dumps(
+                {
+                    "records": upgraded,
+                    "provenance": {"space_upgrade": {"from": "earlier sessions", "records": len(upgraded)}},
+                }
+            ),
+        )
+    atomic_write_text(
+        work_dir / "warm_start.json",
+        json.dumps(
+            {
+                "seeded": seeded,
+                "previous_best_ms": previous_best_ms,
+                "schedule_hashes": list(seed_hashes),
+                "upgraded": len(upgraded),
+            }
+        ),
+    )
+    log.info(
+        "task %s: warm start with %d record(s) from earlier sessions (best %s ms)",
+        task_name,
+        seeded,
+        f"{previous_best_ms:.4f}" if previous_best_ms else "-",
+    )
 
 
 def _carried(records: list[Any], workload_mod, target) -> tuple[list[Any], list[Any]]:
@@ -240,8 +329,9 @@ def _carried(records: list[Any], workload_mod, target) -> tuple[list[Any], list[
     return space_upgrade.upgrade_records(records, workload_mod, target, spaces.design_space(target, workload_mod))
 
 
-def _stage_library(work_dir: Path, task_name: str, workload_mod, target,
-                   library: tuple[list[Any], dict[str, Any]]) -> None:
+def _stage_library(
+    work_dir: Path, task_name: str, workload_mod, target, library: tuple[list[Any], dict[str, Any]]
+) -> None:
     """Keep the library's records in a fresh work dir (`library_seeds.json`): every search
     round of this work dir measures those not measured yet first, so a kill before they
     were measured loses nothing. Records exported from an older version of the task's space
@@ -250,9 +340,16 @@ def _stage_library(work_dir: Path, task_name: str, workload_mod, target,
     current, upgraded = _carried(records, workload_mod, target)
     records = current + upgraded
     atomic_write_text(work_dir / LIBRARY_SEEDS, json.dumps({"records": records, "provenance": note}))
-    atomic_write_text(work_dir / "warm_start.json", json.dumps({"seeded": 0, "library": dict(note, records=len(records))}))
-    log.info("task %s: %d record(s) of the records library (%s, commit %s) are measured first", task_name,
-             len(records), note.get("cpu"), note.get("commit"))
+    atomic_write_text(
+        work_dir / "warm_start.json", json.dumps({"seeded": 0, "library": dict(note, records=len(records))})
+    )
+    log.info(
+        "task %s: %d record(s) of the records library (%s, commit %s) are measured first",
+        task_name,
+        len(records),
+        note.get("cpu"),
+        note.get("commit"),
+    )
 
 
 def library_candidates(work_dir: Path, workload_mod) -> list:
@@ -277,8 +374,18 @@ def library_candidates(work_dir: Path, workload_mod) -> list:
     return out
 
 
-def _search(work_dir: Path, task_name: str, workload_mod, target, board: BoardSpec, tune: TuneConfig,
-            measure: MeasureConfig, progress, cross_compiler: str | None, space: str) -> str:
+def _search(
+    work_dir: Path,
+    task_name: str,
+    workload_mod,
+    target,
+    board: BoardSpec,
+    tune: TuneConfig,
+    measure: MeasureConfig,
+    progress,
+    cross_compiler: str | None,
+    space: str,
+) -> str:
     """Search until the task has its budget of valid trials; returns why it stopped.
 
     Resume accounting comes from the trial log: a task finished at this budget (or a larger
@@ -297,8 +404,9 @@ def _search(work_dir: Path, task_name: str, workload_mod, target, board: BoardSp
     if finished and state.get("budget", 0) >= tune.trials_per_task:
         return stopped
     if finished and stopped == "search-exhausted":  # a bigger budget does not grow the space
-        log.info("task %s: its search exhausted %s at %d trials; not searched again", task_name, space,
-                 state.get("done", 0))
+        log.info(
+            "task %s: its search exhausted %s at %d trials; not searched again", task_name, space, state.get("done", 0)
+        )
         return stopped
     failures = int8_dot.TensorizeFailures()
     for _round in range(MAX_ROUNDS):
@@ -311,14 +419,35 @@ def _search(work_dir: Path, task_name: str, workload_mod, target, board: BoardSp
             stopped = "early-stopping"
             break
         n_boards = _boards_up(board, task_name, valid, tune.trials_per_task)
-        write_state(work_dir, status="tuning", task=task_name, budget=tune.trials_per_task, done=len(lats), space=space,
-                    valid=valid)
+        write_state(
+            work_dir,
+            status="tuning",
+            task=task_name,
+            budget=tune.trials_per_task,
+            done=len(lats),
+            space=space,
+            valid=valid,
+        )
         publish({"task": task_name, "trials": valid, "budget": tune.trials_per_task, "batch": []})
-        log.info("task %s: %d of %d valid trials done, tuning %d more", task_name, valid, tune.trials_per_task,
-                 remaining)
-        guard = _search_round(work_dir, task_name, workload_mod, target, replace(board, num_boards=min(
-            board.num_boards, n_boards)), tune, measure, progress, cross_compiler, failures,
-            done=len(lats), remaining=remaining, best0=best0, since0=since0)
+        log.info(
+            "task %s: %d of %d valid trials done, tuning %d more", task_name, valid, tune.trials_per_task, remaining
+        )
+        guard = _search_round(
+            work_dir,
+            task_name,
+            workload_mod,
+            target,
+            replace(board, num_boards=min(board.num_boards, n_boards)),
+            tune,
+            measure,
+            progress,
+            cross_compiler,
+            failures,
+            done=len(lats),
+            remaining=remaining,
+            best0=best0,
+            since0=since0,
+        )
         if guard.stop_reason == "all-failed":
             _abort(work_dir, task_name, board, tune, guard)
         if guard.stop_reason in ("early-stopping", "search-exhausted"):
@@ -339,9 +468,7 @@ def _boards_up(board: BoardSpec, task_name: str, valid: int, budget: int) -> int
     try:
         n_boards = count_servers(board.tracker_host, board.tracker_port, board.key)
     except BoardError:
-        raise BoardError(
-            f"task {task_name}: " + tracker_down_message(board.tracker_host, board.tracker_port)
-        ) from None
+        raise BoardError(f"task {task_name}: " + tracker_down_message(board.tracker_host, board.tracker_port)) from None
     if n_boards == 0:
         raise BoardError(
             f"task {task_name}: no board under key {board.key!r} at the tracker "
@@ -352,18 +479,32 @@ def _boards_up(board: BoardSpec, task_name: str, valid: int, budget: int) -> int
     return n_boards
 
 
-def _search_round(work_dir: Path, task_name: str, workload_mod, target, board: BoardSpec, tune: TuneConfig,
-                  measure: MeasureConfig, progress, cross_compiler: str | None,
-                  failures: int8_dot.TensorizeFailures, *, done: int, remaining: int, best0: float,
-                  since0: int):
+def _search_round(
+    work_dir: Path,
+    task_name: str,
+    workload_mod,
+    target,
+    board: BoardSpec,
+    tune: TuneConfig,
+    measure: MeasureConfig,
+    progress,
+    cross_compiler: str | None,
+    failures: int8_dot.TensorizeFailures,
+    *,
+    done: int,
+    remaining: int,
+    best0: float,
+    since0: int,
+):
     """One MetaSchedule `tune_tasks` call over this task for the remaining budget; returns its guard."""
     from tvm.s_tir import meta_schedule as ms
 
     db = open_database(work_dir)
     round_size = min(tune.trials_per_batch, remaining)  # a last round of 2 is not sized for 8
     inner = (
-        ms.search_strategy.EvolutionarySearch(population_size=population_size(round_size),
-                                              genetic_num_iters=genetic_iters(round_size))
+        ms.search_strategy.EvolutionarySearch(
+            population_size=population_size(round_size), genetic_num_iters=genetic_iters(round_size)
+        )
         if tune.search == "evolutionary"
         else ms.search_strategy.ReplayTrace()
     )
@@ -388,13 +529,27 @@ def _search_round(work_dir: Path, task_name: str, workload_mod, target, board: B
         num_threads="physical",
     )
     callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
-    callbacks.append(make_log_callback(work_dir, task_name, progress, done, tune.trials_per_task,
-                                       ms.database.Workload(workload_mod), target, tune.session, board.threads,
-                                       board.board, board.tvm))
-    model_lease = (lease_cost_model(work_dir, target) if tune.cost_model == "xgb"
-                   else contextlib.nullcontext("random"))
-    with pools.builder(tune.builder_timeout_s, cross_compiler) as builder, \
-            pools.runner(board, measure) as runner, model_lease as model:
+    callbacks.append(
+        make_log_callback(
+            work_dir,
+            task_name,
+            progress,
+            done,
+            tune.trials_per_task,
+            ms.database.Workload(workload_mod),
+            target,
+            tune.session,
+            board.threads,
+            board.board,
+            board.tvm,
+        )
+    )
+    model_lease = lease_cost_model(work_dir, target) if tune.cost_model == "xgb" else contextlib.nullcontext("random")
+    with (
+        pools.builder(tune.builder_timeout_s, cross_compiler) as builder,
+        pools.runner(board, measure) as runner,
+        model_lease as model,
+    ):
         ms.tune_tasks(
             tasks=[ctx],
             task_weights=[1.0],
@@ -415,10 +570,20 @@ def _abort(work_dir: Path, task_name: str, board: BoardSpec, tune: TuneConfig, g
     """Record the task as failed and raise TuningAborted with the boards' own messages."""
     lats, _, _ = history(work_dir)
     valid = sum(v < FAILED for v in lats)
-    write_state(work_dir, status="failed", task=task_name, budget=tune.trials_per_task,
-                done=len(lats), valid=valid, errors=guard.errors)
-    what = ("none of its measurements succeeded: the setup is broken"
-            if valid == 0 else f"its last {guard.failed_in_row} measurements failed: boards lost")
+    write_state(
+        work_dir,
+        status="failed",
+        task=task_name,
+        budget=tune.trials_per_task,
+        done=len(lats),
+        valid=valid,
+        errors=guard.errors,
+    )
+    what = (
+        "none of its measurements succeeded: the setup is broken"
+        if valid == 0
+        else f"its last {guard.failed_in_row} measurements failed: boards lost"
+    )
     raise TuningAborted(
         f"task {task_name} on key {board.key!r} at the tracker {board.tracker_host}:{board.tracker_port}: "
         f"{what} ({valid} valid trials kept in {work_dir}). The board said:\n  "
@@ -426,8 +591,16 @@ def _abort(work_dir: Path, task_name: str, board: BoardSpec, tune: TuneConfig, g
     )
 
 
-def _measure_after_search(work_dir: Path, task_name: str, workload_mod, target, board: BoardSpec,
-                          measure: MeasureConfig, tune: TuneConfig, cross_compiler: str | None) -> int | None:
+def _measure_after_search(
+    work_dir: Path,
+    task_name: str,
+    workload_mod,
+    target,
+    board: BoardSpec,
+    measure: MeasureConfig,
+    tune: TuneConfig,
+    cross_compiler: str | None,
+) -> int | None:
     """The task's default lowering, once per work dir, its best records re-timed in turn
     (`retime`, once per set of records), and the board's thread count; returns it.
 
@@ -436,9 +609,20 @@ def _measure_after_search(work_dir: Path, task_name: str, workload_mod, target, 
     if measures_default(target) and not (work_dir / "default.json").exists() and _boards_left(board):
         _default_latency(work_dir, task_name, workload_mod, target, board, measure, tune, cross_compiler)
     if tune.retime_top > 1 and _boards_left(board):
-        retime.retime_top(work_dir, task_name, workload_mod, target, board, measure, tune.retime_top,
-                          tune.retime_rounds, tune.retime_within, tune.builder_timeout_s, cross_compiler,
-                          retime.resolve_caches(tune.retime_caches, target))
+        retime.retime_top(
+            work_dir,
+            task_name,
+            workload_mod,
+            target,
+            board,
+            measure,
+            tune.retime_top,
+            tune.retime_rounds,
+            tune.retime_within,
+            tune.builder_timeout_s,
+            cross_compiler,
+            retime.resolve_caches(tune.retime_caches, target),
+        )
     threads = board.threads or last_threads(work_dir)
     if threads is None and target.kind.name == "llvm" and _boards_left(board):
         from .boards import board_threads  # not given: asked after the search, as the default latency is
@@ -447,9 +631,20 @@ def _measure_after_search(work_dir: Path, task_name: str, workload_mod, target, 
     return threads
 
 
-def _outcome(work_dir: Path, task_name: str, workload_hash: str, flops: float, stopped: str, lats: list[float],
-             session_best: float, trials_before: int, session: str | None, previous_best_ms: float | None,
-             threads: int | None, retimed: bool) -> TuneOutcome:
+def _outcome(
+    work_dir: Path,
+    task_name: str,
+    workload_hash: str,
+    flops: float,
+    stopped: str,
+    lats: list[float],
+    session_best: float,
+    trials_before: int,
+    session: str | None,
+    previous_best_ms: float | None,
+    threads: int | None,
+    retimed: bool,
+) -> TuneOutcome:
     """What the task reports: its trial log's latencies (`trial_log.history`) and its warm-start note."""
     curve, b, reached = [], FAILED, None
     for i, v in enumerate(lats, 1):
@@ -461,8 +656,9 @@ def _outcome(work_dir: Path, task_name: str, workload_hash: str, flops: float, s
     warm = read_json(work_dir / "warm_start.json", {}) or {}
     seeded_best = warm.get("previous_best_ms") if warm.get("seeded") else None
     # The session's database holds its seeds too, and the build takes its best record: report that.
-    best_ms = min([x for x in (session_best * 1e3 if session_best < FAILED else None, seeded_best) if x is not None],
-                  default=None)
+    best_ms = min(
+        [x for x in (session_best * 1e3 if session_best < FAILED else None, seeded_best) if x is not None], default=None
+    )
     return TuneOutcome(
         task=task_name,
         workload_hash=workload_hash,
@@ -492,8 +688,13 @@ def _retime_summary(work_dir: Path) -> dict[str, Any] | None:
     r = retime.current(work_dir)
     if r is None:
         return None
-    return {"candidates": len(r["candidates"]), "winner_rank": r["winner"] + 1, "winner_ms": r["winner_ms"],
-            "recorded_best_ms": r["recorded_best_ms"], "caches": r.get("caches", "warm")}
+    return {
+        "candidates": len(r["candidates"]),
+        "winner_rank": r["winner"] + 1,
+        "winner_ms": r["winner_ms"],
+        "recorded_best_ms": r["recorded_best_ms"],
+        "caches": r.get("caches", "warm"),
+    }
 
 
 # ---- the default lowering, measured on the board ------------------------------------------------
@@ -518,8 +719,14 @@ def default_lowering(workload_mod, target):
     return default_gpu_schedules(workload_mod, target) if target.kind.name in GPU_KINDS else workload_mod
 
 
-def measure_default(workload_mod, target, board: BoardSpec, measure: MeasureConfig,
-                    builder_timeout_s: float, cross_compiler: str | None = None) -> tuple[float | None, str | None]:
+def measure_default(
+    workload_mod,
+    target,
+    board: BoardSpec,
+    measure: MeasureConfig,
+    builder_timeout_s: float,
+    cross_compiler: str | None = None,
+) -> tuple[float | None, str | None]:
     """Seconds the task's default lowering (`default_lowering`) takes on the board, or (None, why).
 
     The build compiles every task without a record this way, so a tuned schedule is only
@@ -541,8 +748,9 @@ def measure_default(workload_mod, target, board: BoardSpec, measure: MeasureConf
     return mean_secs(res.run_secs), None
 
 
-def _default_latency(work_dir: Path, task_name: str, workload_mod, target, board, measure, tune,
-                     cross_compiler: str | None = None) -> float | None:
+def _default_latency(
+    work_dir: Path, task_name: str, workload_mod, target, board, measure, tune, cross_compiler: str | None = None
+) -> float | None:
     """measure_default once per work dir (kept in default.json: a resumed task reuses it)."""
     p = work_dir / "default.json"
     secs, why = measure_default(workload_mod, target, board, measure, tune.builder_timeout_s, cross_compiler)
@@ -566,8 +774,15 @@ def _note_tensorize_failures(work_dir: Path, task_name: str, failures: int8_dot.
     before = read_json(path) or {"candidates": 0, "first_error": None}
     total = before["candidates"] + failures.count
     atomic_write_text(path, json.dumps({"candidates": total, "first_error": before["first_error"] or failures.first}))
-    details.info("task %s: %d candidate(s) kept plain int8 loops: the dot-product intrinsic did not fit "
-                 "their block (first: %s); %d in all, see %s", task_name, failures.count, failures.first, total, path)
+    details.info(
+        "task %s: %d candidate(s) kept plain int8 loops: the dot-product intrinsic did not fit "
+        "their block (first: %s); %d in all, see %s",
+        task_name,
+        failures.count,
+        failures.first,
+        total,
+        path,
+    )
 
 
 def _boards_left(board: BoardSpec) -> bool:
@@ -577,4 +792,3 @@ def _boards_left(board: BoardSpec) -> bool:
         return count_servers(board.tracker_host, board.tracker_port, board.key) > 0
     except BoardError:
         return False
-

@@ -51,9 +51,14 @@ class TuningRounds:
         self.first_refs: dict[str, Any] = {}
         self.second_round: list[str] = []
 
-    def run(self, submit: Callable[[Task, int], Future], wait: Callable[[list[Future], float], list[Future]],
-            summary: Callable[[Any], dict[str, Any]], on_poll: Callable[[], None] = lambda: None,
-            poll_s: float = POLL_S) -> dict[str, Any]:
+    def run(
+        self,
+        submit: Callable[[Task, int], Future],
+        wait: Callable[[list[Future], float], list[Future]],
+        summary: Callable[[Any], dict[str, Any]],
+        on_poll: Callable[[], None] = lambda: None,
+        poll_s: float = POLL_S,
+    ) -> dict[str, Any]:
         """Tune every task to its budget; returns task name -> its last outcome reference.
 
         `summary(ref)` reads a finished task's summary (best_latency_ms, default_ms, stopped):
@@ -64,9 +69,14 @@ class TuningRounds:
             spends = []
             for t in self.tasks:
                 s = summary(refs[t.name])
-                spends.append(allocation.TaskSpend(t.name, t.weight,
-                                                   allocation.used_ms(s["best_latency_ms"], s.get("default_ms")),
-                                                   searchable=s.get("stopped", "budget") == "budget"))
+                spends.append(
+                    allocation.TaskSpend(
+                        t.name,
+                        t.weight,
+                        allocation.used_ms(s["best_latency_ms"], s.get("default_ms")),
+                        searchable=s.get("stopped", "budget") == "budget",
+                    )
+                )
             self.budgets.update(allocation.allocate(spends, self.trials_per_task))
             more = [t for t in self.tasks if self.budgets[t.name] > self.first]
             self.second_round = [t.name for t in more]

@@ -20,7 +20,6 @@ import argparse
 import os
 import runpy
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -36,8 +35,11 @@ def _wait_for_parent_death(parent: int) -> None:
 
 def _watch_group(parent: int) -> None:
     _wait_for_parent_death(parent)
-    print(f"vta_pipeline.watchdog: parent {parent} is gone; stopping process group {os.getpgrp()}",
-          file=sys.stderr, flush=True)
+    print(
+        f"vta_pipeline.watchdog: parent {parent} is gone; stopping process group {os.getpgrp()}",
+        file=sys.stderr,
+        flush=True,
+    )
     os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     opts = parser.parse_args(argv[:cut])
     if cut == len(argv) or cut + 1 == len(argv):
         parser.error("give -- MODULE [ARGS...]")
-    module, *args = argv[cut + 1:]
+    module, *args = argv[cut + 1 :]
     if os.getppid() != opts.watch:  # the parent died before we got here
         os.killpg(os.getpgrp(), signal.SIGKILL)
     threading.Thread(target=_watch_group, args=(opts.watch,), name="watchdog", daemon=True).start()

@@ -67,8 +67,9 @@ def _rewrite(stmt: Any, loops: list[Any]) -> Any:
                 body = tirx.SeqStmt([prefetch, body])
         elif body.same_as(stmt.body):
             return stmt
-        return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding, annotations,
-                        stmt.step)
+        return tirx.For(
+            stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding, annotations, stmt.step
+        )
     if isinstance(stmt, tirx.SeqStmt):
         seq = [_rewrite(s, loops) for s in stmt.seq]
         return stmt if all(a.same_as(b) for a, b in zip(seq, stmt.seq)) else tirx.SeqStmt(seq)
@@ -77,9 +78,21 @@ def _rewrite(stmt: Any, loops: list[Any]) -> Any:
         return stmt if block.same_as(stmt.block) else s_tir.SBlockRealize(stmt.iter_values, stmt.predicate, block)
     if isinstance(stmt, s_tir.SBlock):
         body = _rewrite(stmt.body, loops)
-        return stmt if body.same_as(stmt.body) else s_tir.SBlock(
-            stmt.iter_vars, stmt.reads, stmt.writes, stmt.name_hint, body, stmt.init, stmt.alloc_buffers,
-            stmt.match_buffers, stmt.annotations)
+        return (
+            stmt
+            if body.same_as(stmt.body)
+            else s_tir.SBlock(
+                stmt.iter_vars,
+                stmt.reads,
+                stmt.writes,
+                stmt.name_hint,
+                body,
+                stmt.init,
+                stmt.alloc_buffers,
+                stmt.match_buffers,
+                stmt.annotations,
+            )
+        )
     if isinstance(stmt, tirx.AttrStmt):
         body = _rewrite(stmt.body, loops)
         return stmt if body.same_as(stmt.body) else tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, body)
@@ -94,7 +107,8 @@ def _reduction_realize(stmt: Any) -> Any:
     from tvm import s_tir, tirx
 
     if isinstance(stmt, s_tir.SBlockRealize) and any(
-            iv.iter_type == tirx.IterVar.CommReduce for iv in stmt.block.iter_vars):
+        iv.iter_type == tirx.IterVar.CommReduce for iv in stmt.block.iter_vars
+    ):
         return stmt
     for child in _children(stmt):
         found = _reduction_realize(child)
@@ -113,7 +127,7 @@ def _prefetch(tile_loop: Any, loops: list[Any], levels: int) -> Any:
     realize = _reduction_realize(tile_loop.body)
     if realize is None or len(loops) < levels:
         return None
-    tiles = loops[len(loops) - levels + 1:] + [tile_loop]
+    tiles = loops[len(loops) - levels + 1 :] + [tile_loop]
     block_loop = loops[len(loops) - levels]
     moving = _moving_region(realize, block_loop, _loops_under(tile_loop.body) + tiles)
     if moving is None:
@@ -149,7 +163,7 @@ def _moving_region(realize: Any, block_loop: Any, inner: list[Any]) -> tuple[Any
     dtype = str(block_loop.extent.ty)
     for region in sorted(reads, key=lambda r: -math.prod(int(d) for d in r.source.shape)):
         shape = [int(d) for d in region.source.shape]
-        strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+        strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
 
         def start(block_index: Any) -> Any:
             ana = Analyzer()
@@ -171,8 +185,9 @@ def _loops_under(stmt: Any) -> list[Any]:
     """The For nodes under `stmt`."""
     from tvm import tirx
 
-    return ([stmt] if isinstance(stmt, tirx.For) else []) + [loop for child in _children(stmt)
-                                                            for loop in _loops_under(child)]
+    return ([stmt] if isinstance(stmt, tirx.For) else []) + [
+        loop for child in _children(stmt) for loop in _loops_under(child)
+    ]
 
 
 def _children(stmt: Any) -> list[Any]:

@@ -140,6 +140,7 @@ def _write_rows(p: Path, rows: list[dict[str, Any]], unchanged: list[dict[str, A
 
 def _merge_database(src: Path, dst: Path) -> None:
     """Append src's tuning records to dst's MetaSchedule JSON database, workload indices remapped."""
+
     def workloads(d: Path) -> list[str]:
         p = d / "database_workload.json"
         return [ln for ln in p.read_text().splitlines() if ln.strip()] if p.exists() else []

@@ -28,8 +28,9 @@ FATBIN_MAGIC = 0xBA55ED50
 
 def section(path: Path, name: str = ".nv_fatbin") -> tuple[int, int]:
     """(file offset, size) of a section, read off `readelf -S -W`."""
-    for line in subprocess.run(["readelf", "-S", "-W", str(path)], capture_output=True, text=True,
-                               check=True).stdout.splitlines():
+    for line in subprocess.run(
+        ["readelf", "-S", "-W", str(path)], capture_output=True, text=True, check=True
+    ).stdout.splitlines():
         fields = line.replace("[ ", "[").split()
         if name in fields:
             i = fields.index(name)
@@ -45,7 +46,7 @@ def prune(data: bytearray, start: int, size: int, keep: set[int]) -> tuple[Count
     while pos + 16 <= end_sec:
         magic, _version, header, body = struct.unpack_from("<IHHQ", data, pos)
         if magic != FATBIN_MAGIC:  # alignment padding between fat binaries
-            if any(data[pos:pos + 8]):
+            if any(data[pos : pos + 8]):
                 raise SystemExit(f"unexpected bytes at {pos:#x}: not a fat binary header, not padding")
             pos += 8
             continue
@@ -59,7 +60,7 @@ def prune(data: bytearray, start: int, size: int, keep: set[int]) -> tuple[Count
             if sm in keep:
                 kept[sm] += padded
             else:
-                data[payload:payload + padded] = bytes(padded)
+                data[payload : payload + padded] = bytes(padded)
                 zeroed[sm] += padded
             entry = payload + padded
         pos = end
@@ -78,7 +79,7 @@ def main() -> None:
     kept, zeroed = prune(data, *section(args.src), {int(s) for s in args.keep.split(",")})
     args.dst.write_bytes(data)
     mb = {sm: round(n / 1e6, 1) for sm, n in sorted(kept.items())}
-    print(f"{args.dst}: kept {mb} MB, zeroed {({sm: round(n / 1e6, 1) for sm, n in sorted(zeroed.items())})} MB")
+    print(f"{args.dst}: kept {mb} MB, zeroed { ({sm: round(n / 1e6, 1) for sm, n in sorted(zeroed.items())}) } MB")
 
 
 if __name__ == "__main__":

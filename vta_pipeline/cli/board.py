@@ -22,15 +22,29 @@ BOARD_STATE = Path(os.environ.get("VTA_PIPELINE_BOARD_STATE", "~/.vta-pipeline/b
 
 @board_app.command("up")
 def board_up(
-    key: Annotated[Optional[str], typer.Option(
-        help="Key the servers register under (default: host, or vta-sim with --vta-sim).")] = None,
-    vta_sim: Annotated[bool, typer.Option(
-        "--vta-sim", help="VTA simulator boards (for --target vta-sim): TVM's rpc_server with VTA's simulator "
-                          "registered, which runs the offloaded convs and times them in simulated cycles.")] = False,
-    servers: Annotated[int, typer.Option(
-        help="Number of rpc_server processes (more than 1 time candidates against each other on these cores).")] = 1,
-    threads: Annotated[Optional[int], typer.Option(
-        help="Threads each server runs kernels with (TVM_NUM_THREADS; default: this machine's logical CPUs).")] = None,
+    key: Annotated[
+        Optional[str], typer.Option(help="Key the servers register under (default: host, or vta-sim with --vta-sim).")
+    ] = None,
+    vta_sim: Annotated[
+        bool,
+        typer.Option(
+            "--vta-sim",
+            help="VTA simulator boards (for --target vta-sim): TVM's rpc_server with VTA's simulator "
+            "registered, which runs the offloaded convs and times them in simulated cycles.",
+        ),
+    ] = False,
+    servers: Annotated[
+        int,
+        typer.Option(
+            help="Number of rpc_server processes (more than 1 time candidates against each other on these cores)."
+        ),
+    ] = 1,
+    threads: Annotated[
+        Optional[int],
+        typer.Option(
+            help="Threads each server runs kernels with (TVM_NUM_THREADS; default: this machine's logical CPUs)."
+        ),
+    ] = None,
     port: Annotated[int, typer.Option(help="Tracker port.")] = 9190,
     host: Annotated[str, typer.Option(help="Bind address (keep 127.0.0.1 unless boards are remote).")] = "127.0.0.1",
 ):
@@ -44,21 +58,39 @@ def board_up(
         _fail(f"a local board is already recorded in {BOARD_STATE}: run `vta-pipeline board down` first")
     key = key or ("vta-sim" if vta_sim else "host")
     module = "vta_pipeline.vta.rpc_server" if vta_sim else "vta_pipeline.board_server"
-    b = _guard(lambda: LocalBoard(key=key, num_servers=servers, host=host, port=port, state_file=BOARD_STATE,
-                                  detached=True, threads=threads, server_module=module).start())
+    b = _guard(
+        lambda: LocalBoard(
+            key=key,
+            num_servers=servers,
+            host=host,
+            port=port,
+            state_file=BOARD_STATE,
+            detached=True,
+            threads=threads,
+            server_module=module,
+        ).start()
+    )
     kind = "VTA simulator " if vta_sim else ""
-    typer.echo(f"tracker {b.tracker}, {servers} {kind}server(s) under key {key!r}, {b.threads} thread(s) each; "
-               f"use --tracker {b.tracker} --key {key}")
+    typer.echo(
+        f"tracker {b.tracker}, {servers} {kind}server(s) under key {key!r}, {b.threads} thread(s) each; "
+        f"use --tracker {b.tracker} --key {key}"
+    )
 
 
 @board_app.command("serve")
 def board_serve(
     tracker: Annotated[str, typer.Option(help="HOST:PORT of the rack's RPC tracker.")],
     key: Annotated[str, typer.Option(help="Key this board registers under (the boards of one kind share one).")],
-    host: Annotated[str, typer.Option(help="Address to listen on for sessions (0.0.0.0: every interface).")] = "0.0.0.0",
+    host: Annotated[
+        str, typer.Option(help="Address to listen on for sessions (0.0.0.0: every interface).")
+    ] = "0.0.0.0",
     port: Annotated[int, typer.Option(help="First port to try for sessions.")] = 9090,
-    custom_addr: Annotated[Optional[str], typer.Option(
-        help="The address the tracker hands out for this board (where clients cannot reach the one it sees).")] = None,
+    custom_addr: Annotated[
+        Optional[str],
+        typer.Option(
+            help="The address the tracker hands out for this board (where clients cannot reach the one it sees)."
+        ),
+    ] = None,
 ):
     """Serve this machine as a board of the rack, in the foreground, until Ctrl-C or SIGTERM;
     re-registers by itself after a tracker outage of any length (vta_pipeline.board_server)."""
@@ -71,8 +103,21 @@ def board_serve(
         parse_hostport(tracker)
     except ValueError as e:
         _fail(str(e))
-    main(["--tracker", tracker, "--key", key, "--host", host, "--port", str(port), "--port-end", str(port + 100),
-          *(["--custom-addr", custom_addr] if custom_addr else [])])
+    main(
+        [
+            "--tracker",
+            tracker,
+            "--key",
+            key,
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--port-end",
+            str(port + 100),
+            *(["--custom-addr", custom_addr] if custom_addr else []),
+        ]
+    )
 
 
 @board_app.command("status")

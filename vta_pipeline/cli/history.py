@@ -11,8 +11,9 @@ import typer
 from vta_pipeline.cli.common import _fail, _history_store
 from vta_pipeline.cli.options import JsonOpt, ModelOpt, StoreOpt, TargetOpt
 
-history_app = typer.Typer(no_args_is_help=True,
-                          help="Questions to the store's Parquet history of measurements and evaluations.")
+history_app = typer.Typer(
+    no_args_is_help=True, help="Questions to the store's Parquet history of measurements and evaluations."
+)
 
 
 def _print_rows(rows: list[dict], title: str, as_json: bool, empty: str) -> None:
@@ -42,14 +43,22 @@ def history_nights(store: StoreOpt = None, model: ModelOpt = None, target: Targe
 
 
 @history_app.command("trend")
-def history_trend(model: Annotated[str, typer.Argument(help="Model name, as in the run's result.")],
-                  store: StoreOpt = None, target: TargetOpt = None, as_json: JsonOpt = False):
+def history_trend(
+    model: Annotated[str, typer.Argument(help="Model name, as in the run's result.")],
+    store: StoreOpt = None,
+    target: TargetOpt = None,
+    as_json: JsonOpt = False,
+):
     """One model night by night, per variant: untuned and tuned latency, speed-up, trials."""
     from vta_pipeline import history
 
     rows = history.trend(_history_store(store), model, target)
-    _print_rows(rows, f"{model}: latency per night (ms)", as_json,
-                f"no evaluations of model {model!r}: see `vta-pipeline history nights` for the models recorded")
+    _print_rows(
+        rows,
+        f"{model}: latency per night (ms)",
+        as_json,
+        f"no evaluations of model {model!r}: see `vta-pipeline history nights` for the models recorded",
+    )
 
 
 @history_app.command("workloads")

@@ -41,8 +41,15 @@ def targets(as_json: Annotated[bool, typer.Option("--json", help="Print JSON ins
     for p in presets:
         cc = f"{p.cross_compiler} ({p.cross_package})" if p.cross_compiler else "native"
         name = f"{p.name}\n(not runnable yet: --target {p.name} says why)" if p.unavailable else p.name
-        table.add_row(name, p.key, json.dumps(p.target), json.dumps(p.host) if p.host else "-", cc, p.layout,
-                      json.dumps(p.measure) if p.measure else "defaults")
+        table.add_row(
+            name,
+            p.key,
+            json.dumps(p.target),
+            json.dumps(p.host) if p.host else "-",
+            cc,
+            p.layout,
+            json.dumps(p.measure) if p.measure else "defaults",
+        )
     Console(width=None if sys.stdout.isatty() else 220).print(table)
 
 

@@ -12,17 +12,24 @@ import typer
 from vta_pipeline.cli.common import _fail, _history_store
 from vta_pipeline.cli.options import JsonOpt, StoreOpt, TargetOpt
 
-library_app = typer.Typer(no_args_is_help=True,
-                          help="The records library: tuned records per CPU class, a fresh store's warm start.")
+library_app = typer.Typer(
+    no_args_is_help=True, help="The records library: tuned records per CPU class, a fresh store's warm start."
+)
 
-LibraryDirOpt = Annotated[Optional[Path], typer.Option(
-    "--out", help="Library directory (default: the one shipped in the package, vta_pipeline/library).")]
+LibraryDirOpt = Annotated[
+    Optional[Path],
+    typer.Option("--out", help="Library directory (default: the one shipped in the package, vta_pipeline/library)."),
+]
 
 
 @library_app.command("export")
-def library_export(store: StoreOpt = None, target: TargetOpt = None, out: LibraryDirOpt = None,
-                   per_workload: Annotated[int, typer.Option(help="Records kept per workload.")] = 4,
-                   as_json: JsonOpt = False):
+def library_export(
+    store: StoreOpt = None,
+    target: TargetOpt = None,
+    out: LibraryDirOpt = None,
+    per_workload: Annotated[int, typer.Option(help="Records kept per workload.")] = 4,
+    as_json: JsonOpt = False,
+):
     """Add the store's best records on a target to the library (merged with what it holds)."""
     from vta_pipeline import records_library
     from vta_pipeline.errors import UserError
@@ -39,9 +46,11 @@ def library_export(store: StoreOpt = None, target: TargetOpt = None, out: Librar
     if as_json:
         typer.echo(json.dumps(s, indent=1))
     else:
-        typer.echo(f"{s['file']}: {s['records']} records of {s['workloads']} workloads "
-                   f"({s['from_store']} workloads from {root}, {s['measurements']} measurements; "
-                   f"{s['cpu']}, commit {s['commit']})")
+        typer.echo(
+            f"{s['file']}: {s['records']} records of {s['workloads']} workloads "
+            f"({s['from_store']} workloads from {root}, {s['measurements']} measurements; "
+            f"{s['cpu']}, commit {s['commit']})"
+        )
 
 
 @library_app.command("show")

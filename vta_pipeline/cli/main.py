@@ -17,11 +17,11 @@ import typer
 
 from vta_pipeline.cli.board import board_app
 from vta_pipeline.cli.history import history_app
-from vta_pipeline.cli.library import library_app
 from vta_pipeline.cli.info import models, report_cmd, targets
+from vta_pipeline.cli.library import library_app
 from vta_pipeline.cli.run import run
-from vta_pipeline.cli.store import store_app
 from vta_pipeline.cli.steps import build_cmd, pack_points_cmd, tasks_cmd
+from vta_pipeline.cli.store import store_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
 

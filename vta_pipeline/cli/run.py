@@ -9,30 +9,30 @@ from typing import Annotated, Optional
 
 import typer
 
-from vta_pipeline.cli.common import _config, _fail, _guard, _int8_overrides, _opt_overrides, _model_overrides
+from vta_pipeline.cli.common import _config, _fail, _guard, _int8_overrides, _model_overrides, _opt_overrides
 from vta_pipeline.cli.options import (
     BfactorOpt,
+    BlockedOpt,
     CalibDataOpt,
     CalibModeOpt,
     CfactorOpt,
     ConfigOpt,
+    DepthwiseDotOpt,
     GlobalScaleOpt,
+    Int8ActivationsOpt,
     KeyOpt,
     ModelOpt,
     OnnxOpt,
+    OptLevelOpt,
     PackLayoutOpt,
-    PackStemOpt,
-    DepthwiseDotOpt,
-    WinogradOpt, WinogradSmallBelowOpt,
-    OptLevelOpt, BlockedOpt,
-    PadChannelsOpt,
-    QuantizeDenseOpt,
-    Int8ActivationsOpt,
     PackOpt,
     PackStartIdxOpt,
     PackStartOpt,
+    PackStemOpt,
     PackStopIdxOpt,
     PackStopOpt,
+    PadChannelsOpt,
+    QuantizeDenseOpt,
     QuantizeOpt,
     ShapeOpt,
     SkipConvOpt,
@@ -42,6 +42,8 @@ from vta_pipeline.cli.options import (
     TrackerOpt,
     VtaConfigOpt,
     VtaOpt,
+    WinogradOpt,
+    WinogradSmallBelowOpt,
 )
 
 
@@ -55,31 +57,47 @@ def run(
     target: TargetOpt = None,
     tracker: TrackerOpt = None,
     key: KeyOpt = None,
-    local_servers: Annotated[Optional[int], typer.Option(
-        help="rpc servers of the local board (1: one measurement at a time on this machine's cores).")] = None,
-    local_threads: Annotated[Optional[int], typer.Option(
-        help="Threads the local board runs kernels with (default: the target's num-cores).")] = None,
+    local_servers: Annotated[
+        Optional[int],
+        typer.Option(help="rpc servers of the local board (1: one measurement at a time on this machine's cores)."),
+    ] = None,
+    local_threads: Annotated[
+        Optional[int], typer.Option(help="Threads the local board runs kernels with (default: the target's num-cores).")
+    ] = None,
     trials_per_task: Annotated[Optional[int], typer.Option(help="Measured trials per task.")] = None,
     trials_per_batch: Annotated[Optional[int], typer.Option(help="Candidates per measured batch.")] = None,
-    allocation: Annotated[Optional[str], typer.Option(
-        help="flat (trials-per-task each) | latency (half each, the rest to the tasks the network's "
-             "time goes to)")] = None,
+    allocation: Annotated[
+        Optional[str],
+        typer.Option(
+            help="flat (trials-per-task each) | latency (half each, the rest to the tasks the network's time goes to)"
+        ),
+    ] = None,
     cost_model: Annotated[Optional[str], typer.Option(help="xgb | random")] = None,
     search: Annotated[Optional[str], typer.Option(help="evolutionary | replay-trace")] = None,
-    early_stopping: Annotated[Optional[int], typer.Option(help="Stop a task after N trials without improvement.")] = None,
+    early_stopping: Annotated[
+        Optional[int], typer.Option(help="Stop a task after N trials without improvement.")
+    ] = None,
     task_filter: Annotated[Optional[str], typer.Option(help="auto | all | conv2d | packed")] = None,
     number: Annotated[Optional[int], typer.Option(help="Runs per measurement while tuning.")] = None,
     repeat: Annotated[Optional[int], typer.Option(help="Measurements per candidate while tuning.")] = None,
     timeout: Annotated[Optional[int], typer.Option(help="RPC session timeout per measurement, s.")] = None,
-    retime_caches: Annotated[Optional[str], typer.Option(
-        help="How each task's best records are re-timed after its search: warm (back to back; the default) | "
-             "flushed (weights and output flushed from the caches before each run, as inside a network) | auto "
-             "(flushed on 64-bit x86 and Arm CPUs)")] = None,
+    retime_caches: Annotated[
+        Optional[str],
+        typer.Option(
+            help="How each task's best records are re-timed after its search: warm (back to back; the default) | "
+            "flushed (weights and output flushed from the caches before each run, as inside a network) | auto "
+            "(flushed on 64-bit x86 and Arm CPUs)"
+        ),
+    ] = None,
     eval_repeat: Annotated[Optional[int], typer.Option(help="Timed repeats of the final evaluation.")] = None,
-    compare: Annotated[Optional[bool], typer.Option(
-        "--compare/--no-compare",
-        help="On a local board of a host CPU target, time ONNX Runtime fp32 in turn with the tuned build and "
-             "report ours / ORT (default: on).")] = None,
+    compare: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--compare/--no-compare",
+            help="On a local board of a host CPU target, time ONNX Runtime fp32 in turn with the tuned build and "
+            "report ours / ORT (default: on).",
+        ),
+    ] = None,
     store: StoreOpt = None,
     cache: Annotated[str, typer.Option(help="on | off | redo | readonly")] = "on",
     vta: VtaOpt = False,
@@ -106,50 +124,105 @@ def run(
     winograd_small_below: WinogradSmallBelowOpt = None,
     opt: OptLevelOpt = None,
     blocked: BlockedOpt = None,
-    session: Annotated[Optional[str], typer.Option(
-        help="Tuning session (e.g. tonight's date): a new session tunes a full budget of its own.")] = None,
-    warm_start: Annotated[Optional[int], typer.Option(
-        help="Seed each task with up to N best records of earlier sessions (0 = cold).")] = None,
-    records_library: Annotated[Optional[str], typer.Option(
-        help="Workloads the store never measured start from: builtin (shipped records of this CPU class) | off | "
-             "a directory from `vta-pipeline library export`.")] = None,
-    max_regression_pct: Annotated[Optional[float], typer.Option(
-        help="Regression guard: tuned latency this % worse than the best night keeps the old build.")] = None,
-    confirm_rounds: Annotated[Optional[int], typer.Option(
-        help="Regression guard: time tonight's and the best night's builds in turn on the board this many rounds "
-             "before calling a regression (0: the evaluations alone decide).")] = None,
-    dask: Annotated[Optional[str], typer.Option(
-        "--dask", help="Run the tuning tasks on this Dask scheduler (tcp://HOST:8786); store on shared storage.")] = None,
+    session: Annotated[
+        Optional[str],
+        typer.Option(help="Tuning session (e.g. tonight's date): a new session tunes a full budget of its own."),
+    ] = None,
+    warm_start: Annotated[
+        Optional[int], typer.Option(help="Seed each task with up to N best records of earlier sessions (0 = cold).")
+    ] = None,
+    records_library: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Workloads the store never measured start from: builtin (shipped records of this CPU class) | off | "
+            "a directory from `vta-pipeline library export`."
+        ),
+    ] = None,
+    max_regression_pct: Annotated[
+        Optional[float],
+        typer.Option(help="Regression guard: tuned latency this % worse than the best night keeps the old build."),
+    ] = None,
+    confirm_rounds: Annotated[
+        Optional[int],
+        typer.Option(
+            help="Regression guard: time tonight's and the best night's builds in turn on the board this many rounds "
+            "before calling a regression (0: the evaluations alone decide)."
+        ),
+    ] = None,
+    dask: Annotated[
+        Optional[str],
+        typer.Option(
+            "--dask", help="Run the tuning tasks on this Dask scheduler (tcp://HOST:8786); store on shared storage."
+        ),
+    ] = None,
 ):
     """Tune a network end to end (the Prefect flow `tune_network`) and print the result."""
 
     def go():
-        from vta_pipeline.targets import resolve_target
         from vta_pipeline.importers import check_model
         from vta_pipeline.store import CachePolicy, check_store_path
+        from vta_pipeline.targets import resolve_target
 
         try:
             CachePolicy(cache)
         except ValueError:
             _fail(f"--cache {cache!r}: use one of on, off, redo, readonly")
-        cfg = _config(config, {
-            **_model_overrides(model, source, onnx_path, input_shape), "model.pretrained": pretrained,
-            "target": target, "board.tracker": tracker, "board.key": key, "board.local_servers": local_servers,
-            "board.local_threads": local_threads,
-            "tune.trials_per_task": trials_per_task, "tune.trials_per_batch": trials_per_batch,
-            "tune.allocation": allocation, "tune.cost_model": cost_model, "tune.search": search,
-            "tune.early_stopping": early_stopping, "tune.retime_caches": retime_caches,
-            "tune.task_filter": task_filter, "measure.number": number, "measure.repeat": repeat,
-            "measure.timeout_s": timeout, "evaluate.repeat": eval_repeat, "evaluate.compare": compare, "store": store and str(store),
-            "tune.session": session, "tune.warm_start": warm_start,
-            "tune.records_library": records_library, "guard.max_regression_pct": max_regression_pct,
-            "guard.confirm_rounds": confirm_rounds,
-            **_int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode,
-                              calibration_data, pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx,
-                              bfactor, cfactor, pack_layout, pad_channels, quantize_dense, pack_stem,
-                              int8_activations, depthwise_dot, winograd, winograd_small_below),
-            **_opt_overrides(opt, blocked),
-        })
+        cfg = _config(
+            config,
+            {
+                **_model_overrides(model, source, onnx_path, input_shape),
+                "model.pretrained": pretrained,
+                "target": target,
+                "board.tracker": tracker,
+                "board.key": key,
+                "board.local_servers": local_servers,
+                "board.local_threads": local_threads,
+                "tune.trials_per_task": trials_per_task,
+                "tune.trials_per_batch": trials_per_batch,
+                "tune.allocation": allocation,
+                "tune.cost_model": cost_model,
+                "tune.search": search,
+                "tune.early_stopping": early_stopping,
+                "tune.retime_caches": retime_caches,
+                "tune.task_filter": task_filter,
+                "measure.number": number,
+                "measure.repeat": repeat,
+                "measure.timeout_s": timeout,
+                "evaluate.repeat": eval_repeat,
+                "evaluate.compare": compare,
+                "store": store and str(store),
+                "tune.session": session,
+                "tune.warm_start": warm_start,
+                "tune.records_library": records_library,
+                "guard.max_regression_pct": max_regression_pct,
+                "guard.confirm_rounds": confirm_rounds,
+                **_int8_overrides(
+                    vta,
+                    vta_config,
+                    quantize,
+                    global_scale,
+                    skip_conv_layers,
+                    calibrate_mode,
+                    calibration_data,
+                    pack,
+                    pack_start,
+                    pack_stop,
+                    pack_start_idx,
+                    pack_stop_idx,
+                    bfactor,
+                    cfactor,
+                    pack_layout,
+                    pad_channels,
+                    quantize_dense,
+                    pack_stem,
+                    int8_activations,
+                    depthwise_dot,
+                    winograd,
+                    winograd_small_below,
+                ),
+                **_opt_overrides(opt, blocked),
+            },
+        )
         from vta_pipeline import steps
 
         tgt = resolve_target(cfg.target)
@@ -165,8 +238,8 @@ def run(
 
             boards.tracker_summary(*cfg.board.address())
         _prefect_env()
-        from tasks.dask_runner import with_task_runner
         from flows.tune_network import tune_network
+        from tasks.dask_runner import with_task_runner
         from vta_pipeline.run_log import open_run_log
 
         log_path = open_run_log(store_path)
@@ -206,8 +279,14 @@ class _tuning_progress:
 
         from vta_pipeline import progress
 
-        self.bars = Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
-                             TextColumn("best {task.fields[best]}"), TimeElapsedColumn(), transient=False)
+        self.bars = Progress(
+            TextColumn("{task.description:<34}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("best {task.fields[best]}"),
+            TimeElapsedColumn(),
+            transient=False,
+        )
         self.ids: dict[str, int] = {}
         self.best: dict[str, float] = {}
         self.bars.start()
@@ -247,9 +326,11 @@ def _exit_on_interrupt(store_path, log_path, api) -> None:
     def stop(signum, _frame) -> None:
         name = signal.Signals(signum).name
         api.note_signal(name)
-        sys.stderr.write(f"\nvta-pipeline: {name}: stopping now. Every measured batch is kept in the store "
-                         f"{store_path}; rerun the same command to continue where this run stopped "
-                         f"(at most the batch in flight is measured again). Log: {log_path}\n")
+        sys.stderr.write(
+            f"\nvta-pipeline: {name}: stopping now. Every measured batch is kept in the store "
+            f"{store_path}; rerun the same command to continue where this run stopped "
+            f"(at most the batch in flight is measured again). Log: {log_path}\n"
+        )
         sys.stderr.flush()
         os._exit(128 + signum)
 
@@ -274,7 +355,11 @@ def _local_api(store_path, log_path):
 
     from tasks.local_api import LocalApi
 
-    api = LocalApi(store_path, log_path, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value(),
-                   api_url=PREFECT_API_URL.value() or None)
+    api = LocalApi(
+        store_path,
+        log_path,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value(),
+        api_url=PREFECT_API_URL.value() or None,
+    )
     api.start()
     return api

@@ -11,29 +11,29 @@ from typing import Annotated, Optional
 
 import typer
 
-from vta_pipeline.cli.common import _config, _guard, _int8_overrides, _opt_overrides, _model_overrides
+from vta_pipeline.cli.common import _config, _guard, _int8_overrides, _model_overrides, _opt_overrides
 from vta_pipeline.cli.options import (
     BfactorOpt,
+    BlockedOpt,
     CalibDataOpt,
     CalibModeOpt,
     CfactorOpt,
     ConfigOpt,
+    DepthwiseDotOpt,
     GlobalScaleOpt,
+    Int8ActivationsOpt,
     ModelOpt,
     OnnxOpt,
+    OptLevelOpt,
     PackLayoutOpt,
-    PackStemOpt,
-    DepthwiseDotOpt,
-    WinogradOpt, WinogradSmallBelowOpt,
-    OptLevelOpt, BlockedOpt,
-    PadChannelsOpt,
-    QuantizeDenseOpt,
-    Int8ActivationsOpt,
     PackOpt,
     PackStartIdxOpt,
     PackStartOpt,
+    PackStemOpt,
     PackStopIdxOpt,
     PackStopOpt,
+    PadChannelsOpt,
+    QuantizeDenseOpt,
     QuantizeOpt,
     ShapeOpt,
     SkipConvOpt,
@@ -42,6 +42,8 @@ from vta_pipeline.cli.options import (
     TargetOpt,
     VtaConfigOpt,
     VtaOpt,
+    WinogradOpt,
+    WinogradSmallBelowOpt,
 )
 
 
@@ -89,21 +91,47 @@ def tasks_cmd(
         from vta_pipeline.store import ArtifactStore
         from vta_pipeline.targets import resolve_target
 
-        cfg = _config(config, {
-            **_model_overrides(model, source, onnx_path, input_shape), "target": target,
-            "store": store and str(store), "tune.task_filter": task_filter,
-            **_int8_overrides(vta, vta_config, quantize, global_scale, skip_conv_layers, calibrate_mode,
-                              calibration_data, pack, pack_start, pack_stop, pack_start_idx, pack_stop_idx,
-                              bfactor, cfactor, pack_layout, pad_channels, quantize_dense, pack_stem,
-                              int8_activations, depthwise_dot, winograd, winograd_small_below),
-            **_opt_overrides(opt, blocked),
-        })
+        cfg = _config(
+            config,
+            {
+                **_model_overrides(model, source, onnx_path, input_shape),
+                "target": target,
+                "store": store and str(store),
+                "tune.task_filter": task_filter,
+                **_int8_overrides(
+                    vta,
+                    vta_config,
+                    quantize,
+                    global_scale,
+                    skip_conv_layers,
+                    calibrate_mode,
+                    calibration_data,
+                    pack,
+                    pack_start,
+                    pack_stop,
+                    pack_start_idx,
+                    pack_stop_idx,
+                    bfactor,
+                    cfactor,
+                    pack_layout,
+                    pad_channels,
+                    quantize_dense,
+                    pack_stem,
+                    int8_activations,
+                    depthwise_dot,
+                    winograd,
+                    winograd_small_below,
+                ),
+                **_opt_overrides(opt, blocked),
+            },
+        )
         tgt = resolve_target(cfg.target)
         st = ArtifactStore(cfg.store)
         fetched = steps.prepare_model(st, cfg, target=tgt)
         extracted = steps.extract_step(st, fetched, tgt, steps.offload_config(cfg, tgt))
-        tasks = select_tasks(load_tasks(extracted.path), cfg.tune.task_filter,
-                             packed_float=steps.wholly_on_cpu(cfg, tgt))
+        tasks = select_tasks(
+            load_tasks(extracted.path), cfg.tune.task_filter, packed_float=steps.wholly_on_cpu(cfg, tgt)
+        )
         if as_json:
             out = []
             for t in tasks:
@@ -170,12 +198,32 @@ def pack_points_cmd(
         from vta_pipeline import steps
         from vta_pipeline.store import ArtifactStore
 
-        cfg = _config(config, {
-            **_model_overrides(model, source, onnx_path, input_shape), "store": store and str(store),
-            **_int8_overrides(False, vta_config, quantize, global_scale, skip_conv_layers, None, None, None,
-                              pack_start, pack_stop, pack_start_idx, pack_stop_idx, bfactor, cfactor,
-                              pack_layout=pack_layout, pad_channels=pad_channels, pack_stem=pack_stem),
-        })
+        cfg = _config(
+            config,
+            {
+                **_model_overrides(model, source, onnx_path, input_shape),
+                "store": store and str(store),
+                **_int8_overrides(
+                    False,
+                    vta_config,
+                    quantize,
+                    global_scale,
+                    skip_conv_layers,
+                    None,
+                    None,
+                    None,
+                    pack_start,
+                    pack_stop,
+                    pack_start_idx,
+                    pack_stop_idx,
+                    bfactor,
+                    cfactor,
+                    pack_layout=pack_layout,
+                    pad_channels=pad_channels,
+                    pack_stem=pack_stem,
+                ),
+            },
+        )
         st = ArtifactStore(cfg.store)
         art = steps.prepare_model(st, cfg, upto="quantize")
         res = pack_mod.pack_points(art.path, cfg.pack, cfg.vta)
@@ -237,25 +285,46 @@ def build_cmd(
         from vta_pipeline.store import ArtifactStore
         from vta_pipeline.targets import resolve_target
 
-        cfg = _config(config, {
-            **_model_overrides(model, source, onnx_path, input_shape), "target": target,
-            "store": store and str(store),
-            **_int8_overrides(vta, vta_config, quantize, None, None, calibrate_mode, None, pack,
-                              None, None, None, None, None, None),
-            **_opt_overrides(opt, None),
-        })
+        cfg = _config(
+            config,
+            {
+                **_model_overrides(model, source, onnx_path, input_shape),
+                "target": target,
+                "store": store and str(store),
+                **_int8_overrides(
+                    vta,
+                    vta_config,
+                    quantize,
+                    None,
+                    None,
+                    calibrate_mode,
+                    None,
+                    pack,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                ),
+                **_opt_overrides(opt, None),
+            },
+        )
         tgt = resolve_target(cfg.target)
         steps.check_target(cfg, tgt)
         st = ArtifactStore(cfg.store)
-        extracted = steps.extract_step(st, steps.prepare_model(st, cfg, target=tgt), tgt,
-                                       steps.offload_config(cfg, tgt))
+        extracted = steps.extract_step(
+            st, steps.prepare_model(st, cfg, target=tgt), tgt, steps.offload_config(cfg, tgt)
+        )
         built = steps.build_step(st, extracted, None, tgt)
         lib = built.file("model.so")
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(lib, out)
             lib = out
-        typer.echo(f"{cfg.model.name} for {tgt.name} ({json.dumps(tgt.full_json)}): {lib} "
-                   f"({lib.stat().st_size / 1e6:.1f} MB{', ' + tgt.cross_compiler if tgt.cross_compiler else ''})")
+        typer.echo(
+            f"{cfg.model.name} for {tgt.name} ({json.dumps(tgt.full_json)}): {lib} "
+            f"({lib.stat().st_size / 1e6:.1f} MB{', ' + tgt.cross_compiler if tgt.cross_compiler else ''})"
+        )
 
     _guard(go)

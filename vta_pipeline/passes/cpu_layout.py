@@ -54,19 +54,53 @@ from .packed_ops import DOT_REDUCE, depthwise_dot_kernel_layout, packed_data_lay
 from .value_range import ValueRange
 
 STEM_CHANNELS = 4  # a tensor of at most this many channels (an image) is one block
-UNARY = {"nn.relu", "astype", "round", "sigmoid", "tanh", "negative", "abs", "floor", "ceil", "nn.silu", "nn.gelu",
-         "exp", "sqrt", "rsqrt", "log"}
+UNARY = {
+    "nn.relu",
+    "astype",
+    "round",
+    "sigmoid",
+    "tanh",
+    "negative",
+    "abs",
+    "floor",
+    "ceil",
+    "nn.silu",
+    "nn.gelu",
+    "exp",
+    "sqrt",
+    "rsqrt",
+    "log",
+}
 BINARY = {"add", "subtract", "multiply", "divide", "maximum", "minimum", "right_shift", "left_shift", "power"}
 # ops that map finite values to finite values: a padded tensor may pass through them blocked
-PAD_SAFE = {"nn.relu", "astype", "round", "sigmoid", "tanh", "negative", "abs", "floor", "ceil", "nn.silu", "nn.gelu",
-            "add", "subtract", "multiply", "maximum", "minimum", "right_shift", "left_shift", "clip"}
+PAD_SAFE = {
+    "nn.relu",
+    "astype",
+    "round",
+    "sigmoid",
+    "tanh",
+    "negative",
+    "abs",
+    "floor",
+    "ceil",
+    "nn.silu",
+    "nn.gelu",
+    "add",
+    "subtract",
+    "multiply",
+    "maximum",
+    "minimum",
+    "right_shift",
+    "left_shift",
+    "clip",
+}
 POOLS = {"nn.max_pool2d", "nn.avg_pool2d"}
 
 
 @dataclass(frozen=True)
 class LayoutParams:
-    lanes: int = 16   # the wide block: float32 lanes the packed spaces vectorize over
-    narrow: int = 8   # the block where the wide one would pad more
+    lanes: int = 16  # the wide block: float32 lanes the packed spaces vectorize over
+    narrow: int = 8  # the block where the wide one would pad more
     depthwise_dot: bool = True  # int8 depthwise convs on the dot product (blocks of 16)
 
 
@@ -123,9 +157,16 @@ class LayoutReport:
     nchw_ops: Counter = field(default_factory=Counter)  # ops that ran in NCHW between blocked tensors
 
     def to_dict(self) -> dict[str, Any]:
-        return {"convs": self.convs, "blocked_convs": self.blocked_convs, "plain_convs": self.plain_convs,
-                "transforms": dict(self.transforms), "blocks": {str(k): v for k, v in sorted(self.blocks.items())},
-                "padded_convs": self.padded_convs, "uint8_convs": self.uint8_convs, "nchw_ops": dict(self.nchw_ops)}
+        return {
+            "convs": self.convs,
+            "blocked_convs": self.blocked_convs,
+            "plain_convs": self.plain_convs,
+            "transforms": dict(self.transforms),
+            "blocks": {str(k): v for k, v in sorted(self.blocks.items())},
+            "padded_convs": self.padded_convs,
+            "uint8_convs": self.uint8_convs,
+            "nchw_ops": dict(self.nchw_ops),
+        }
 
 
 class CpuLayout(Rebuilder):
@@ -156,8 +197,9 @@ class CpuLayout(Rebuilder):
     def _unpack(self, b: Blocked, shape: tuple[int, ...]) -> Any:
         self.report.transforms["unpack"] += 1
         n, h, w = shape[0], shape[2], shape[3]
-        y = self.emit(relax.op.reshape(relax.op.permute_dims(b.expr, [0, 4, 1, 5, 2, 3]), (n, b.padded, h, w)),
-                      "unpack")
+        y = self.emit(
+            relax.op.reshape(relax.op.permute_dims(b.expr, [0, 4, 1, 5, 2, 3]), (n, b.padded, h, w)), "unpack"
+        )
         if b.pads:
             y = self.emit(relax.op.strided_slice(y, [1], [0], [b.channels]), "unpad_channels")
         return y
@@ -195,8 +237,11 @@ class CpuLayout(Rebuilder):
         if v.ndim != 4 or v.shape[0] != 1 or v.shape[2:] != (1, 1) or v.shape[1] != b.channels:
             return None
         if b.pads:  # a padded channel: add 0, multiply by 0, divide by 1
-            v = np.pad(v, [(0, 0), (0, b.padded - b.channels), (0, 0), (0, 0)],
-                       constant_values=1 if op_name in ("divide", "power") else 0)
+            v = np.pad(
+                v,
+                [(0, 0), (0, b.padded - b.channels), (0, 0), (0, 0)],
+                constant_values=1 if op_name in ("divide", "power") else 0,
+            )
         return relax.const(np.ascontiguousarray(v.reshape(1, b.padded // b.block, 1, 1, 1, b.block)))
 
     # ---- the rules -------------------------------------------------------------------------------
@@ -245,8 +290,17 @@ class CpuLayout(Rebuilder):
         if name in POOLS and str(call.attrs.layout) == "NCHW" and call.args[0].same_as(first):
             a, layout = call.attrs, packed_data_layout(1, src.block)
             f = relax.op.nn.max_pool2d if name == "nn.max_pool2d" else relax.op.nn.avg_pool2d
-            y = f(src.expr, a.pool_size, a.strides, a.padding, a.dilation, bool(a.ceil_mode),
-                  bool(a.count_include_pad), layout, layout)
+            y = f(
+                src.expr,
+                a.pool_size,
+                a.strides,
+                a.padding,
+                a.dilation,
+                bool(a.ceil_mode),
+                bool(a.count_include_pad),
+                layout,
+                layout,
+            )
             return Blocked(self.emit(y, str(var.name)), src.block, src.channels, src.padded)
         if name in ("mean", "nn.adaptive_avg_pool2d") and _is_global_mean(op):
             keep = name == "nn.adaptive_avg_pool2d" or bool(call.attrs.keepdims)
@@ -325,9 +379,15 @@ class CpuLayout(Rebuilder):
         if any(x % src.block for x in bounds):
             return None
         b = src.block
-        self.parts[var] = ([
-            Blocked(self.emit(relax.op.strided_slice(src.expr, [1], [lo // b], [hi // b]), "split"), b, hi - lo, hi - lo)
-            for lo, hi in zip(bounds, bounds[1:])], call)
+        self.parts[var] = (
+            [
+                Blocked(
+                    self.emit(relax.op.strided_slice(src.expr, [1], [lo // b], [hi // b]), "split"), b, hi - lo, hi - lo
+                )
+                for lo, hi in zip(bounds, bounds[1:])
+            ],
+            call,
+        )
         return RECORDED
 
     # ---- convs -----------------------------------------------------------------------------------
@@ -365,9 +425,18 @@ class CpuLayout(Rebuilder):
         if x.pads or po != o or ipg % x.block or opg % bo or int8:
             return self._plain(op, f"groups={groups}: {ipg} -> {opg} channels a group, blocks {x.block} -> {bo}")
         wp = w.reshape(o // bo, bo, i // x.block, x.block, kh, kw).transpose(0, 2, 4, 5, 1, 3).copy()
-        y = relax.op.nn.conv2d(x.expr, relax.const(wp), a.strides, a.padding, a.dilation, groups,
-                               packed_data_layout(1, x.block), f"OIHW{bo}o{x.block}i", packed_data_layout(1, bo),
-                               out_dtype=_out_dtype(call))
+        y = relax.op.nn.conv2d(
+            x.expr,
+            relax.const(wp),
+            a.strides,
+            a.padding,
+            a.dilation,
+            groups,
+            packed_data_layout(1, x.block),
+            f"OIHW{bo}o{x.block}i",
+            packed_data_layout(1, bo),
+            out_dtype=_out_dtype(call),
+        )
         return self._blocked_conv(y, op, bo, o, po)
 
     def _blocked_conv(self, y: Any, op: OpInfo, block: int, channels: int, padded: int) -> Blocked:
@@ -386,14 +455,26 @@ class CpuLayout(Rebuilder):
             r = DOT_REDUCE
             data = self._unsigned(call.args[0], x)
             if dtype_of(data) == "int8" and int(w.min()) < -127:
-                return self._plain(op, "signed int8 data and an int8 weight of -128: the CPU's dot product for "
-                                       "signed data takes weights in [-127, 127]")
+                return self._plain(
+                    op,
+                    "signed int8 data and an int8 weight of -128: the CPU's dot product for "
+                    "signed data takes weights in [-127, 127]",
+                )
         else:
             r = x.block
         wp = w.reshape(po // bo, bo, pi // r, r, kh, kw).transpose(0, 2, 4, 5, 1, 3).copy()
-        y = relax.op.nn.conv2d(data, relax.const(wp), a.strides, a.padding, a.dilation, 1,
-                               packed_data_layout(1, x.block), f"OIHW{bo}o{r}i", packed_data_layout(1, bo),
-                               out_dtype=_out_dtype(call))
+        y = relax.op.nn.conv2d(
+            data,
+            relax.const(wp),
+            a.strides,
+            a.padding,
+            a.dilation,
+            1,
+            packed_data_layout(1, x.block),
+            f"OIHW{bo}o{r}i",
+            packed_data_layout(1, bo),
+            out_dtype=_out_dtype(call),
+        )
         return self._blocked_conv(y, op, bo, o, po)
 
     def _depthwise(self, call: Any, op: OpInfo, w: np.ndarray, x: Blocked) -> Blocked:
@@ -402,19 +483,42 @@ class CpuLayout(Rebuilder):
         b, cp = x.block, x.padded
         w = np.pad(w, [(0, cp - c), (0, 0), (0, 0), (0, 0)])
         data = x.expr
-        if (str(w.dtype) == "int8" and self.p.depthwise_dot and b == 16 and kw <= DOT_REDUCE
-                and self._in_0_127(call.args[0])):
+        if (
+            str(w.dtype) == "int8"
+            and self.p.depthwise_dot
+            and b == 16
+            and kw <= DOT_REDUCE
+            and self._in_0_127(call.args[0])
+        ):
             w = np.pad(w, [(0, 0), (0, 0), (0, 0), (0, DOT_REDUCE - kw)])
             wp = w.reshape(cp // b, b, 1, kh, 1, DOT_REDUCE).transpose(0, 2, 3, 4, 1, 5).copy()
             pt, pl, pb, pr = (int(p) for p in a.padding)
-            y = relax.op.nn.conv2d(data, relax.const(wp), a.strides, (pt, pl, pb, pr + DOT_REDUCE - kw), a.dilation,
-                                   cp, packed_data_layout(1, b), depthwise_dot_kernel_layout(b),
-                                   packed_data_layout(1, b), out_dtype=_out_dtype(call))
+            y = relax.op.nn.conv2d(
+                data,
+                relax.const(wp),
+                a.strides,
+                (pt, pl, pb, pr + DOT_REDUCE - kw),
+                a.dilation,
+                cp,
+                packed_data_layout(1, b),
+                depthwise_dot_kernel_layout(b),
+                packed_data_layout(1, b),
+                out_dtype=_out_dtype(call),
+            )
         else:
             wp = w.reshape(cp // b, b, 1, kh, kw).transpose(0, 2, 3, 4, 1).copy()
-            y = relax.op.nn.conv2d(data, relax.const(wp), a.strides, a.padding, a.dilation, cp,
-                                   packed_data_layout(1, b), packed_depthwise_kernel_layout(b),
-                                   packed_data_layout(1, b), out_dtype=_out_dtype(call))
+            y = relax.op.nn.conv2d(
+                data,
+                relax.const(wp),
+                a.strides,
+                a.padding,
+                a.dilation,
+                cp,
+                packed_data_layout(1, b),
+                packed_depthwise_kernel_layout(b),
+                packed_data_layout(1, b),
+                out_dtype=_out_dtype(call),
+            )
         return self._blocked_conv(y, op, b, c, cp)
 
     def _in_0_127(self, arg: Any) -> bool:

@@ -24,7 +24,7 @@ def op_name(call: Any) -> str | None:
     """'nn.conv2d' for a call of relax.nn.conv2d; None for non-operator calls."""
     if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op):
         name = call.op.name
-        return name[len("relax."):] if name.startswith("relax.") else name
+        return name[len("relax.") :] if name.startswith("relax.") else name
     return None
 
 

@@ -67,7 +67,7 @@ import tvm
 from tvm import relax
 
 from ..errors import UserError
-from .graph import OpInfo, Rebuilder, const_value, dtype_of, main_bindings, op_name, op_sequence, shape_of
+from .graph import OpInfo, Rebuilder, const_value, dtype_of, main_bindings, op_sequence, shape_of
 from .packed_ops import (
     DOT_REDUCE,
     depthwise_dot_kernel_layout,
@@ -153,9 +153,7 @@ def find_region(ops: list[OpInfo], p: PackParams) -> Region:
     else:
         after = [o for o in stops if o.index > start.index]
         if not after:
-            raise PackError(
-                f"stop operator {p.stop_name!r} does not occur after the start {start.describe()}." + hint
-            )
+            raise PackError(f"stop operator {p.stop_name!r} does not occur after the start {start.describe()}." + hint)
         stop = after[0]
     if stop.index <= start.index:
         raise PackError(f"the stop {stop.describe()} comes before the start {start.describe()}." + hint)
@@ -173,8 +171,10 @@ class GraphPacker(Rebuilder):
         if p.layout not in LAYOUTS:
             raise PackError(f"pack layout {p.layout!r}: choose one of {', '.join(LAYOUTS)}")
         if p.layout == "x86" and p.cfactor % DOT_REDUCE:
-            raise PackError(f"pack layout x86 splits the channel block in groups of {DOT_REDUCE}: "
-                            f"cfactor={p.cfactor} is not divisible by {DOT_REDUCE}")
+            raise PackError(
+                f"pack layout x86 splits the channel block in groups of {DOT_REDUCE}: "
+                f"cfactor={p.cfactor} is not divisible by {DOT_REDUCE}"
+            )
         self.p = p
         self.ops = op_sequence(mod)
         self.ranges = ValueRange(mod)
@@ -228,8 +228,10 @@ class GraphPacker(Rebuilder):
         elif int(op.call.attrs.groups) != 1:
             why = f"it is a grouped conv (groups={int(op.call.attrs.groups)})"
         elif not op.in_shapes[0] or op.in_shapes[0][1] >= self.p.cfactor:
-            why = (f"its input has {op.in_shapes[0][1] if op.in_shapes[0] else '?'} channels, which pack in the block "
-                   f"cfactor={self.p.cfactor} as they are (drop --pack-stem)")
+            why = (
+                f"its input has {op.in_shapes[0][1] if op.in_shapes[0] else '?'} channels, which pack in the block "
+                f"cfactor={self.p.cfactor} as they are (drop --pack-stem)"
+            )
         elif dtype_of(op.call.args[1]) == "int8" and self.p.layout != "x86":
             why = "an int8 stem packs for the CPU's dot product, which reads the x86 layout (--pack-layout x86)"
         if why:
@@ -255,8 +257,11 @@ class GraphPacker(Rebuilder):
         if shape is None or len(shape) != 4:
             raise self._fail(op, f"{what} has shape {shape}, not NCHW")
         if shape[0] % b or (shape[1] % c and not self.p.pad_channels):
-            raise self._fail(op, f"{what} {'x'.join(map(str, shape))}: batch must be divisible by bfactor={b} "
-                                 f"and channels by cfactor={c}" + self._block_hint(shape[1]))
+            raise self._fail(
+                op,
+                f"{what} {'x'.join(map(str, shape))}: batch must be divisible by bfactor={b} "
+                f"and channels by cfactor={c}" + self._block_hint(shape[1]),
+            )
 
     def padded(self, channels: int) -> int:
         """`channels` rounded up to the block when pad_channels is on (else as they are)."""
@@ -267,8 +272,9 @@ class GraphPacker(Rebuilder):
         """A tensor of fewer channels than the block (a stem's input) as one block of them,
         zero-padded to `cp` channels: NCHW{b}n{cp}c."""
         if shape_of(var)[0] % self.p.bfactor:
-            raise self._fail(op, f"input {var.name}: batch {shape_of(var)[0]} is not divisible by "
-                                 f"bfactor={self.p.bfactor}")
+            raise self._fail(
+                op, f"input {var.name}: batch {shape_of(var)[0]} is not divisible by bfactor={self.p.bfactor}"
+            )
         return self._to_blocks(var, cp, cp, "pack_stem")
 
     def _to_blocks(self, var: Any, cp: int, block: int, name: str) -> Any:
@@ -346,23 +352,38 @@ class GraphPacker(Rebuilder):
             new = relax.Call(v.op, [self._operand(v.args[0], op)] + list(v.args[1:]), a, v.ty_args)
         elif op.name in BINARY:
             if op.name == "divide" and self._pads(op.out_shape) and all(const_value(x) is None for x in v.args):
-                raise self._fail(op, "a division of two tensors whose channels are padded would divide zero by "
-                                     "zero in the padding; choose a cfactor that divides the channels")
+                raise self._fail(
+                    op,
+                    "a division of two tensors whose channels are padded would divide zero by "
+                    "zero in the padding; choose a cfactor that divides the channels",
+                )
             new = relax.Call(v.op, [self._operand(x, op) for x in v.args], a, v.ty_args)
         elif op.name in POOLS:
             self._check_nchw(op.out_shape, op, "output")
             f = relax.op.nn.max_pool2d if op.name == "nn.max_pool2d" else relax.op.nn.avg_pool2d
-            new = f(self._operand(v.args[0], op), a.pool_size, a.strides, a.padding, a.dilation,
-                    bool(a.ceil_mode), bool(a.count_include_pad), self.layout, self.layout)
+            new = f(
+                self._operand(v.args[0], op),
+                a.pool_size,
+                a.strides,
+                a.padding,
+                a.dilation,
+                bool(a.ceil_mode),
+                bool(a.count_include_pad),
+                self.layout,
+                self.layout,
+            )
         else:  # concat
             if int(a.axis) % 4 != 1:
                 raise self._fail(op, f"concat along axis {int(a.axis)}; only channel concats can be packed")
             for f in self.fields_of(v.args[0]):
                 if self._pads(shape_of(f)):
                     field = getattr(f, "name_hint", f)
-                    raise self._fail(op, f"its input {field} has {shape_of(f)[1]} channels, which the block "
-                                         f"cfactor={self.p.cfactor} does not divide: a concat of padded tensors "
-                                         "would interleave their padding; choose a cfactor that divides them")
+                    raise self._fail(
+                        op,
+                        f"its input {field} has {shape_of(f)[1]} channels, which the block "
+                        f"cfactor={self.p.cfactor} does not divide: a concat of padded tensors "
+                        "would interleave their padding; choose a cfactor that divides them",
+                    )
             fields = [self._operand(f, op) for f in self.fields_of(v.args[0])]
             new = relax.op.concat(fields, axis=1)
         self.packed[var] = self.emit(new, name)
@@ -371,8 +392,14 @@ class GraphPacker(Rebuilder):
 
     def _is_global_mean_of_packed(self, binding: Any) -> bool:
         x = binding.value.args[0] if isinstance(binding.value, relax.Call) and binding.value.args else None
-        return (self.region.stop is not None and self.region.stop.name == "mean" and is_global_avg_pool(self.region.stop)
-                and isinstance(x, relax.Var) and x in self.packed and self.env.get(x, 0) is None)
+        return (
+            self.region.stop is not None
+            and self.region.stop.name == "mean"
+            and is_global_avg_pool(self.region.stop)
+            and isinstance(x, relax.Var)
+            and x in self.packed
+            and self.env.get(x, 0) is None
+        )
 
     def _global_mean(self, binding: Any) -> Any:
         """The stop operator when it is a global mean (`mean` over H and W: how Relax imports
@@ -416,37 +443,62 @@ class GraphPacker(Rebuilder):
             o, i, groups = po, pi, (po if depthwise else 1)
         if groups == 1:
             if o % cf or i % cf:
-                raise self._fail(op, f"weight {o}x{i}x{kh}x{kw}: output and input channels must be divisible by "
-                                     f"cfactor={cf}" + self._block_hint(o, i))
+                raise self._fail(
+                    op,
+                    f"weight {o}x{i}x{kh}x{kw}: output and input channels must be divisible by "
+                    f"cfactor={cf}" + self._block_hint(o, i),
+                )
             if self.p.layout == "x86":
                 r = DOT_REDUCE
                 wp = w.reshape(o // cf, cf, i // r, r, kh, kw).transpose(0, 2, 4, 5, 1, 3).copy()
                 klayout = dot_kernel_layout(cf)
                 x = self._unsigned(call.args[0], x)
                 if str(w.dtype) == "int8" and dtype_of(x) == "int8" and int(w.min()) < -127:
-                    raise self._fail(op, "its data can be negative and its int8 weights hold -128: the CPU's dot "
-                                         "product for signed data takes weights in [-127, 127] (quantize them "
-                                         "symmetrically, as vta-pipeline's quantize does, or use --pack-layout vta)")
+                    raise self._fail(
+                        op,
+                        "its data can be negative and its int8 weights hold -128: the CPU's dot "
+                        "product for signed data takes weights in [-127, 127] (quantize them "
+                        "symmetrically, as vta-pipeline's quantize does, or use --pack-layout vta)",
+                    )
             else:
                 wp = w.reshape(o // cf, cf, i // cf, cf, kh, kw).transpose(0, 2, 4, 5, 1, 3).copy()
                 klayout = packed_kernel_layout(cf)
         elif depthwise:
             if o % cf:
-                raise self._fail(op, f"depthwise weight {o}x1x{kh}x{kw}: channels must be divisible by cfactor={cf}"
-                                     + self._block_hint(o))
+                raise self._fail(
+                    op,
+                    f"depthwise weight {o}x1x{kh}x{kw}: channels must be divisible by cfactor={cf}"
+                    + self._block_hint(o),
+                )
             if self._depthwise_dot(call, w):
                 return self._depthwise_dot_conv(call, w, x)
             wp = w.reshape(o // cf, cf, 1, kh, kw).transpose(0, 2, 3, 4, 1).copy()
             klayout = packed_depthwise_kernel_layout(cf)
         else:
             raise self._fail(op, f"grouped conv2d with groups={groups} has no packed form (only 1 or depthwise)")
-        return relax.op.nn.conv2d(x, relax.const(wp), a.strides, a.padding, a.dilation, groups,
-                                  self.layout, klayout, self.layout, out_dtype=a.out_dtype)
+        return relax.op.nn.conv2d(
+            x,
+            relax.const(wp),
+            a.strides,
+            a.padding,
+            a.dilation,
+            groups,
+            self.layout,
+            klayout,
+            self.layout,
+            out_dtype=a.out_dtype,
+        )
 
     def _depthwise_dot(self, call: Any, w: np.ndarray) -> bool:
         """Whether this depthwise conv takes the dot product's layout (`depthwise_dot`)."""
-        return (self.p.depthwise_dot and self.p.layout == "x86" and self.p.cfactor == 16 and str(w.dtype) == "int8"
-                and w.shape[3] <= DOT_REDUCE and self._int8_in_0_127(call.args[0]))
+        return (
+            self.p.depthwise_dot
+            and self.p.layout == "x86"
+            and self.p.cfactor == 16
+            and str(w.dtype) == "int8"
+            and w.shape[3] <= DOT_REDUCE
+            and self._int8_in_0_127(call.args[0])
+        )
 
     def _depthwise_dot_conv(self, call: Any, w: np.ndarray, x: Any) -> Any:
         """The depthwise conv with `OIHW16o4w` weights: each row's taps padded with zeros to 4,
@@ -459,9 +511,18 @@ class GraphPacker(Rebuilder):
         w = np.pad(w, [(0, 0), (0, 0), (0, 0), (0, DOT_REDUCE - kw)])
         wp = w.reshape(o // cf, cf, 1, kh, 1, DOT_REDUCE).transpose(0, 2, 3, 4, 1, 5).copy()
         pt, pl, pb, pr = (int(p) for p in a.padding)
-        return relax.op.nn.conv2d(x, relax.const(wp), a.strides, (pt, pl, pb, pr + DOT_REDUCE - kw), a.dilation,
-                                  o, self.layout, depthwise_dot_kernel_layout(cf), self.layout,
-                                  out_dtype=a.out_dtype)
+        return relax.op.nn.conv2d(
+            x,
+            relax.const(wp),
+            a.strides,
+            (pt, pl, pb, pr + DOT_REDUCE - kw),
+            a.dilation,
+            o,
+            self.layout,
+            depthwise_dot_kernel_layout(cf),
+            self.layout,
+            out_dtype=a.out_dtype,
+        )
 
     def _stem_conv(self, call: Any, op: OpInfo, w: np.ndarray) -> Any:
         """The stem conv on its input packed as one block (`pack_narrow`), output in the block.
@@ -472,19 +533,32 @@ class GraphPacker(Rebuilder):
         r = DOT_REDUCE if str(w.dtype) == "int8" else i
         po, pi = self.padded(o), -(-i // r) * r
         if po % cf:
-            raise self._fail(op, f"weight {o}x{i}x{kh}x{kw}: output channels must be divisible by cfactor={cf}"
-                                 + self._block_hint(o))
+            raise self._fail(
+                op, f"weight {o}x{i}x{kh}x{kw}: output channels must be divisible by cfactor={cf}" + self._block_hint(o)
+            )
         w = np.pad(w, [(0, po - o), (0, pi - i), (0, 0), (0, 0)])
         wp = w.reshape(po // cf, cf, pi // r, r, kh, kw).transpose(0, 2, 4, 5, 1, 3).copy()
         x = self.pack_narrow(call.args[0], op, pi)
         if str(w.dtype) == "int8":
             x = self._unsigned(call.args[0], x)
             if dtype_of(x) == "int8" and int(w.min()) < -127:
-                raise self._fail(op, "its data can be negative and its int8 weights hold -128: the CPU's dot product "
-                                     "for signed data takes weights in [-127, 127]")
-        return relax.op.nn.conv2d(x, relax.const(wp), a.strides, a.padding, a.dilation, 1,
-                                  packed_data_layout(self.p.bfactor, pi), f"OIHW{cf}o{r}i", self.layout,
-                                  out_dtype=a.out_dtype)
+                raise self._fail(
+                    op,
+                    "its data can be negative and its int8 weights hold -128: the CPU's dot product "
+                    "for signed data takes weights in [-127, 127]",
+                )
+        return relax.op.nn.conv2d(
+            x,
+            relax.const(wp),
+            a.strides,
+            a.padding,
+            a.dilation,
+            1,
+            packed_data_layout(self.p.bfactor, pi),
+            f"OIHW{cf}o{r}i",
+            self.layout,
+            out_dtype=a.out_dtype,
+        )
 
     def _int8_in_0_127(self, arg: Any) -> bool:
         """Whether `arg` is int8 with values provably in [0, 127] (the same bytes as uint8)."""
@@ -520,8 +594,16 @@ def graph_pack(mod: tvm.IRModule, p: PackParams) -> tuple[tvm.IRModule, PackRepo
     packer = GraphPacker(mod, p)
     out = packer.run(mod)
     region = packer.region
-    return out, PackReport(region.start.describe(), region.stop.describe() if region.stop else None,
-                           packer.packed_ops, p.bfactor, p.cfactor, p.layout, packer.uint8_convs, p.stem)
+    return out, PackReport(
+        region.start.describe(),
+        region.stop.describe() if region.stop else None,
+        packer.packed_ops,
+        p.bfactor,
+        p.cfactor,
+        p.layout,
+        packer.uint8_convs,
+        p.stem,
+    )
 
 
 def GraphPack(p: PackParams) -> tvm.ir.transform.Pass:  # noqa: N802 (TVM's pass naming)

@@ -85,7 +85,11 @@ def _pad(data: te.Tensor, kh: int, kw: int, strides, padding):
     hs, ws = (int(s) for s in strides)
     pt, pl, pb, pr = (int(p) for p in padding)
     h, w = (int(d) for d in data.shape[2:4])
-    pad = topi.nn.pad(data, [0, 0, pt, pl, 0, 0], [0, 0, pb, pr, 0, 0], name="pad_data") if any((pt, pl, pb, pr)) else data
+    pad = (
+        topi.nn.pad(data, [0, 0, pt, pl, 0, 0], [0, 0, pb, pr, 0, 0], name="pad_data")
+        if any((pt, pl, pb, pr))
+        else data
+    )
     return pad, hs, ws, (h + pt + pb - kh) // hs + 1, (w + pl + pr - kw) // ws + 1
 
 
@@ -102,8 +106,11 @@ def _packed_conv(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype
 
     def body(b_o, c_o, i, j, b_i, c_i):
         block, lane = channel(c_o, k_o, k_i, bc, bi)
-        return te.sum(pad[b_o, block, i * hs + d_i, j * ws + d_j, b_i, lane].astype(out_dtype)
-                      * kernel[c_o, k_o, d_i, d_j, c_i, k_i].astype(out_dtype), axis=[k_o, d_i, d_j, k_i])
+        return te.sum(
+            pad[b_o, block, i * hs + d_i, j * ws + d_j, b_i, lane].astype(out_dtype)
+            * kernel[c_o, k_o, d_i, d_j, c_i, k_i].astype(out_dtype),
+            axis=[k_o, d_i, d_j, k_i],
+        )
 
     return te.compute(
         (nb, ob, oh, ow, bn, bo),
@@ -113,8 +120,9 @@ def _packed_conv(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype
     )
 
 
-def conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str,
-                  name: str = PACKED_CONV) -> te.Tensor:
+def conv2d_packed(
+    data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str, name: str = PACKED_CONV
+) -> te.Tensor:
     """VTA's conv2d_packed: data (N/b, C/c, H, W, b, c), kernel (O/c, C/c, kh, kw, c, c); also
     a packed stem's, whose input block (4 channels) is narrower than its output block."""
     return _packed_conv(data, kernel, strides, padding, out_dtype, lambda c_o, k_o, k_i, bc, bi: (k_o, k_i), name)
@@ -126,12 +134,18 @@ def conv2d_dot_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_
     of four channels is what each kernel group reads."""
     if int(data.shape[5]) == int(kernel.shape[5]):
         return conv2d_packed(data, kernel, strides, padding, out_dtype, DOT_CONV)
-    return _packed_conv(data, kernel, strides, padding, out_dtype,
-                        lambda c_o, k_o, k_i, bc, bi: (k_o // (bc // bi), (k_o % (bc // bi)) * bi + k_i), DOT_CONV)
+    return _packed_conv(
+        data,
+        kernel,
+        strides,
+        padding,
+        out_dtype,
+        lambda c_o, k_o, k_i, bc, bi: (k_o // (bc // bi), (k_o % (bc // bi)) * bi + k_i),
+        DOT_CONV,
+    )
 
 
-def group_conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str,
-                        groups: int) -> te.Tensor:
+def group_conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str, groups: int) -> te.Tensor:
     """A grouped conv on blocked data, each group whole blocks of its input and its output
     (the CPU layout's, `cpu_layout`): data (N, C/bi, H, W, 1, bi), kernel (O/bo, (C/g)/bi, kh,
     kw, bo, bi); output block c_o reads the input blocks of its group. Its block is named as
@@ -139,12 +153,20 @@ def group_conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, ou
     ten loops, only the data index differs."""
     out_per_group = int(kernel.shape[0]) // groups
     in_per_group = int(kernel.shape[1])
-    return _packed_conv(data, kernel, strides, padding, out_dtype,
-                        lambda c_o, k_o, k_i, bc, bi: (c_o // out_per_group * in_per_group + k_o, k_i), PACKED_CONV)
+    return _packed_conv(
+        data,
+        kernel,
+        strides,
+        padding,
+        out_dtype,
+        lambda c_o, k_o, k_i, bc, bi: (c_o // out_per_group * in_per_group + k_o, k_i),
+        PACKED_CONV,
+    )
 
 
-def _depthwise_conv(data: te.Tensor, kernel: te.Tensor, kh: int, kw: int, weight, strides, padding,
-                    out_dtype: str, name: str) -> te.Tensor:
+def _depthwise_conv(
+    data: te.Tensor, kernel: te.Tensor, kh: int, kw: int, weight, strides, padding, out_dtype: str, name: str
+) -> te.Tensor:
     """The depthwise sum over (d_i, d_j) of a kh x kw kernel; `weight(c_o, d_i, d_j, c_i)` is the
     kernel's element for those indices in its layout."""
     nb, cb, _, _, bn, bc = (int(d) for d in data.shape)
@@ -166,15 +188,33 @@ def _depthwise_conv(data: te.Tensor, kernel: te.Tensor, kh: int, kw: int, weight
 def depthwise_conv2d_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str) -> te.Tensor:
     """Depthwise conv on packed data: kernel (C/c, 1, kh, kw, c)."""
     _, _, kh, kw, _ = (int(d) for d in kernel.shape)
-    return _depthwise_conv(data, kernel, kh, kw, lambda c_o, d_i, d_j, c_i: kernel[c_o, 0, d_i, d_j, c_i],
-                           strides, padding, out_dtype, PACKED_DEPTHWISE)
+    return _depthwise_conv(
+        data,
+        kernel,
+        kh,
+        kw,
+        lambda c_o, d_i, d_j, c_i: kernel[c_o, 0, d_i, d_j, c_i],
+        strides,
+        padding,
+        out_dtype,
+        PACKED_DEPTHWISE,
+    )
 
 
 def depthwise_conv2d_dot_packed(data: te.Tensor, kernel: te.Tensor, strides, padding, out_dtype: str) -> te.Tensor:
     """Depthwise conv with each kernel row's taps innermost, in fours: kernel (C/c, 1, kh, 1, c, 4)."""
     _, _, kh, _, _, kw = (int(d) for d in kernel.shape)
-    return _depthwise_conv(data, kernel, kh, kw, lambda c_o, d_i, d_j, c_i: kernel[c_o, 0, d_i, 0, c_i, d_j],
-                           strides, padding, out_dtype, DEPTHWISE_DOT)
+    return _depthwise_conv(
+        data,
+        kernel,
+        kh,
+        kw,
+        lambda c_o, d_i, d_j, c_i: kernel[c_o, 0, d_i, 0, c_i, d_j],
+        strides,
+        padding,
+        out_dtype,
+        DEPTHWISE_DOT,
+    )
 
 
 def _reads_in_fours(call: relax.Call) -> bool:
@@ -197,8 +237,16 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> Any:
     if out_dtype in ("", "void", "None"):
         out_dtype = str(call.args[0].ty.dtype)
     if int(a.groups) != 1 and str(a.kernel_layout).endswith("i"):
-        return bb.call_te(group_conv2d_packed, call.args[0], call.args[1], strides=a.strides, padding=a.padding,
-                          out_dtype=out_dtype, groups=int(a.groups), primfunc_name_hint=GROUP_CONV)
+        return bb.call_te(
+            group_conv2d_packed,
+            call.args[0],
+            call.args[1],
+            strides=a.strides,
+            padding=a.padding,
+            out_dtype=out_dtype,
+            groups=int(a.groups),
+            primfunc_name_hint=GROUP_CONV,
+        )
     if int(a.groups) != 1 and len(shape_of(call.args[1])) == 6:
         fn, name = depthwise_conv2d_dot_packed, DEPTHWISE_DOT
     elif int(a.groups) != 1:
@@ -207,8 +255,15 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> Any:
         fn, name = conv2d_dot_packed, DOT_CONV
     else:
         fn, name = conv2d_packed, PACKED_CONV
-    return bb.call_te(fn, call.args[0], call.args[1], strides=a.strides, padding=a.padding,
-                      out_dtype=out_dtype, primfunc_name_hint=name)
+    return bb.call_te(
+        fn,
+        call.args[0],
+        call.args[1],
+        strides=a.strides,
+        padding=a.padding,
+        out_dtype=out_dtype,
+        primfunc_name_hint=name,
+    )
 
 
 def _legalize_avg_pool2d(bb: relax.BlockBuilder, call: relax.Call) -> Any:
@@ -222,9 +277,17 @@ def _legalize_avg_pool2d(bb: relax.BlockBuilder, call: relax.Call) -> Any:
     a = call.attrs
 
     def pool(data):
-        out = topi.nn.pool2d(data, kernel=a.pool_size, stride=a.strides, dilation=a.dilation, padding=a.padding,
-                             pool_type="avg", ceil_mode=bool(a.ceil_mode), layout=a.layout,
-                             count_include_pad=bool(a.count_include_pad))
+        out = topi.nn.pool2d(
+            data,
+            kernel=a.pool_size,
+            stride=a.strides,
+            dilation=a.dilation,
+            padding=a.padding,
+            pool_type="avg",
+            ceil_mode=bool(a.ceil_mode),
+            layout=a.layout,
+            count_include_pad=bool(a.count_include_pad),
+        )
         return topi.cast(out, dtype)
 
     return bb.call_te(pool, call.args[0], primfunc_name_hint="avg_pool2d")
@@ -260,5 +323,8 @@ def _legalize_activation(op_name: str) -> Any:
 def legalize_map() -> dict[str, Any]:
     """`LegalizeOps(customize_legalize_map=legalize_map())`: packed convs get VTA's compute,
     integer avg pools keep their type, blocked tensors' sigmoid, SiLU and tanh vectorize."""
-    return {"relax.nn.conv2d": _legalize_conv2d, "relax.nn.avg_pool2d": _legalize_avg_pool2d,
-            **{op: _legalize_activation(op) for op in FAST_ACTIVATIONS}}
+    return {
+        "relax.nn.conv2d": _legalize_conv2d,
+        "relax.nn.avg_pool2d": _legalize_avg_pool2d,
+        **{op: _legalize_activation(op) for op in FAST_ACTIVATIONS},
+    }

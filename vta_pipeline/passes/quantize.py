@@ -165,9 +165,14 @@ def quantized_only(mod: tvm.IRModule, skip_conv_layers: tuple[int, ...], dense: 
     a dequantized value where it read the float one."""
     quantizes: dict[Any, bool] = {}
     for var, how, index, call in activation_uses(mod):
-        q = (how in ("add", "concat")
-             or how == "conv" and index not in skip_conv_layers and const_value(call.args[1]) is not None
-             or how == "dense" and dense)
+        q = (
+            how in ("add", "concat")
+            or how == "conv"
+            and index not in skip_conv_layers
+            and const_value(call.args[1]) is not None
+            or how == "dense"
+            and dense
+        )
         quantizes[var] = quantizes.get(var, True) and q
     return {var for var, q in quantizes.items() if q}
 
@@ -213,7 +218,7 @@ class Quantizer(Rebuilder):
                 # at a finer scale, is left as it is)
                 src = self._to_int8(var, qv.exp)
             f = relax.op.astype(src, "float32")
-            self.deq[var] = self.emit(relax.op.multiply(f, relax.const(2.0 ** -qv.exp, "float32")), "dequantize")
+            self.deq[var] = self.emit(relax.op.multiply(f, relax.const(2.0**-qv.exp, "float32")), "dequantize")
         return self.deq[var]
 
     def _clamp(self, x: Any, lo: int, hi: int, dtype: str) -> Any:
@@ -240,7 +245,7 @@ class Quantizer(Rebuilder):
                 return qv.expr
             v = self._clamp(self._shift_to(qv, exp), -self.qmax_in, self.qmax_in, "int32")
         else:
-            x = relax.op.round(relax.op.multiply(self.lookup(arg), relax.const(2.0 ** exp, "float32")))
+            x = relax.op.round(relax.op.multiply(self.lookup(arg), relax.const(2.0**exp, "float32")))
             v = self._clamp(x, -self.qmax_in, self.qmax_in, "float32")
         out = self.emit(relax.op.astype(v, "int8"), "quantize")
         self.req[key] = out
@@ -304,8 +309,11 @@ class Quantizer(Rebuilder):
             hi_q = min(int(np.round(hi * s)), 2**31 - 1) if math.isfinite(hi) else 2**31 - 1
             base = qv.expr if qv.dtype == "int32" else relax.op.astype(qv.expr, "int32")
             return self._set(var, self.emit(self._clamp(base, lo_q, hi_q, "int32"), name_hint), qv.exp)
-        if name == "nn.max_pool2d" and var in self.quantize_before_pool and (
-                self.q[v.args[0]].dtype == "int32" if quant[0] else dtype_of(v.args[0]) == "float32"):
+        if (
+            name == "nn.max_pool2d"
+            and var in self.quantize_before_pool
+            and (self.q[v.args[0]].dtype == "int32" if quant[0] else dtype_of(v.args[0]) == "float32")
+        ):
             # A max pool whose output is only ever quantized, of a float or an int32 value:
             # quantize (requantize) its input instead. Exact: rounding, shifting and clamping are
             # monotonic, so the max of the quantized values is the quantized max (the pool pads
@@ -344,8 +352,10 @@ class Quantizer(Rebuilder):
         exp = self._exp_for(var)
         wide = [i for i, qv in enumerate(qvs) if qv.dtype == "int32"]
         main = max(wide, key=lambda i: qvs[i].exp) if wide else None
-        vals = [self._shift_to(qv, exp) if i == main else relax.op.astype(self._to_int8(a, exp), "int32")
-                for i, (a, qv) in enumerate(zip(args, qvs))]
+        vals = [
+            self._shift_to(qv, exp) if i == main else relax.op.astype(self._to_int8(a, exp), "int32")
+            for i, (a, qv) in enumerate(zip(args, qvs))
+        ]
         return self._set(var, self.emit(relax.op.add(*vals), str(var.name)), exp)
 
     def _set(self, var: Any, expr: Any, exp: int, dtype: str = "int32") -> None:
@@ -357,8 +367,14 @@ class Quantizer(Rebuilder):
         self.conv_index += 1
         a = call.attrs
         w = const_value(call.args[1])
-        rec = LayerRecord(idx, str(var.name), int(a.groups), list(shape_of(call.args[0]) or []),
-                          list(shape_of(call.args[1]) or []), quantized=False)
+        rec = LayerRecord(
+            idx,
+            str(var.name),
+            int(a.groups),
+            list(shape_of(call.args[0]) or []),
+            list(shape_of(call.args[1]) or []),
+            quantized=False,
+        )
         self.layers.append(rec)
         if idx in self.p.skip_conv_layers or w is None or dtype_of(call.args[0]) != "float32":
             return self.copy_call(call, var)
@@ -381,15 +397,17 @@ class Quantizer(Rebuilder):
         """A dense layer with constant weights `w` (`_dense_weights`): int8 when quantize_dense."""
         idx = self.dense_index
         self.dense_index += 1
-        rec = LayerRecord(idx, str(var.name), 1, list(shape_of(call.args[0]) or []), list(w.shape),
-                          quantized=False, kind="dense")
+        rec = LayerRecord(
+            idx, str(var.name), 1, list(shape_of(call.args[0]) or []), list(w.shape), quantized=False, kind="dense"
+        )
         self.layers.append(rec)
         if not self.p.quantize_dense:
             return self.copy_call(call, var)
         act = self._exp_for(call.args[0])
         wq, wexp = self._weights(w)
-        acc = self.emit(relax.op.matmul(self._to_int8(call.args[0], act), relax.const(wq), out_dtype="int32"),
-                        str(var.name))
+        acc = self.emit(
+            relax.op.matmul(self._to_int8(call.args[0], act), relax.const(wq), out_dtype="int32"), str(var.name)
+        )
         rec.quantized, rec.act_exp, rec.weight_exp, rec.acc_exp = True, act, wexp, act + wexp
         return self._set(var, acc, act + wexp)
 

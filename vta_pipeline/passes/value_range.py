@@ -80,8 +80,10 @@ class ValueRange:
             return tuple(float(f(v)) if math.isfinite(v) else v for v in bs[0])  # type: ignore[return-value]
         if name == "right_shift" and bs[1][0] == bs[1][1] and bs[1][0] >= 0:
             k = 2.0 ** bs[1][0]
-            return (math.floor(bs[0][0] / k) if math.isfinite(bs[0][0]) else bs[0][0],
-                    math.floor(bs[0][1] / k) if math.isfinite(bs[0][1]) else bs[0][1])
+            return (
+                math.floor(bs[0][0] / k) if math.isfinite(bs[0][0]) else bs[0][0],
+                math.floor(bs[0][1] / k) if math.isfinite(bs[0][1]) else bs[0][1],
+            )
         if name == "astype":  # a value that does not fit the new type wraps around
             lo_t, hi_t = dtype_bounds(str(value.attrs.dtype))
             return bs[0] if lo_t <= bs[0][0] and bs[0][1] <= hi_t else (lo_t, hi_t)

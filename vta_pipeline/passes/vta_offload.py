@@ -131,8 +131,14 @@ def _match_conv(scan: _Scan, var: relax.Var, call: relax.Call, cfg: VTAConfig) -
                 return f"its result leaves as {c.attrs.dtype}, not int8 (VTA stores int8)"
             last = nxt.var
             break
-        if op == "add" and stage == BIAS and not relu and len(other) == 1 \
-                and isinstance(other[0], Const) and const_value(other[0]).size == wl.out_filter:
+        if (
+            op == "add"
+            and stage == BIAS
+            and not relu
+            and len(other) == 1
+            and isinstance(other[0], Const)
+            and const_value(other[0]).size == wl.out_filter
+        ):
             bias = const_value(other[0]).astype(np.int32).reshape(1, cob, 1, 1, b, bo)
             epi["bias"], stage = True, ROUND
         elif op == "nn.relu":
@@ -169,8 +175,12 @@ def _match_conv(scan: _Scan, var: relax.Var, call: relax.Call, cfg: VTAConfig) -
     return _Match(last, data, const_value(weight), bias, residual, wl, Epilogue(**epi))
 
 
-def offload_convs(mod: tvm.IRModule, cfg: VTAConfig, knobs_for: Callable[[ConvWorkload, Epilogue], Knobs],
-                  cycle_model: CycleModel = CycleModel()) -> tuple[tvm.IRModule, list[OffloadedConv]]:
+def offload_convs(
+    mod: tvm.IRModule,
+    cfg: VTAConfig,
+    knobs_for: Callable[[ConvWorkload, Epilogue], Knobs],
+    cycle_model: CycleModel = CycleModel(),
+) -> tuple[tvm.IRModule, list[OffloadedConv]]:
     """`mod` with each offloadable packed conv (and its epilogue) a call of the VTA board's
     conv2d, compiled under `knobs_for(workload, epilogue)`; and, per packed conv, where it runs."""
     scan = _Scan(mod)

@@ -50,10 +50,10 @@ from tvm.topi.nn.winograd_util import winograd_transform_matrices
 
 from .graph import shape_of
 
-TILE = 4          # m: outputs per tile side
-SMALL_TILE = 2    # m for outputs narrower than `rewrite`'s small_below: F(2x2, 3x3)
-KERNEL = 3        # r
-MIN_SIZE = 14     # smallest output width taken (7 x 7 stays direct: see the module doc)
+TILE = 4  # m: outputs per tile side
+SMALL_TILE = 2  # m for outputs narrower than `rewrite`'s small_below: F(2x2, 3x3)
+KERNEL = 3  # r
+MIN_SIZE = 14  # smallest output width taken (7 x 7 stays direct: see the module doc)
 CONV = "conv2d_winograd_packed"
 WEIGHT = "winograd_weight_packed"
 PAD, GEMM = "winograd_pad", "winograd_gemm"
@@ -74,9 +74,15 @@ def applies(call: relax.Call) -> bool:
         return False
     if str(call.args[1].ty.dtype) != "float32" or int(a.groups) != 1:
         return False
-    return (tuple(kernel[2:4]) == (KERNEL, KERNEL) and [int(s) for s in a.strides] == [1, 1]
-            and [int(d) for d in a.dilation] == [1, 1] and [int(p) for p in a.padding] == [1, 1, 1, 1]
-            and data[4] == 1 and data[5] == kernel[4] == kernel[5] and data[3] >= MIN_SIZE)
+    return (
+        tuple(kernel[2:4]) == (KERNEL, KERNEL)
+        and [int(s) for s in a.strides] == [1, 1]
+        and [int(d) for d in a.dilation] == [1, 1]
+        and [int(p) for p in a.padding] == [1, 1, 1, 1]
+        and data[4] == 1
+        and data[5] == kernel[4] == kernel[5]
+        and data[3] >= MIN_SIZE
+    )
 
 
 def tile_for(width: int, small_below: int) -> int:
@@ -95,7 +101,8 @@ def weight_transform(kernel: te.Tensor, tile: int = TILE) -> te.Tensor:
     return te.compute(
         (alpha, alpha, ib * bi, ob * bo),
         lambda e, n, ci, co: te.sum(
-            kernel[co // bo, ci // bi, r_h, r_w, co % bo, ci % bi] * g[e, r_h] * g[n, r_w], axis=[r_h, r_w]),
+            kernel[co // bo, ci // bi, r_h, r_w, co % bo, ci % bi] * g[e, r_h] * g[n, r_w], axis=[r_h, r_w]
+        ),
         name=WEIGHT,
     )
 
@@ -113,31 +120,43 @@ def conv2d_winograd_packed(data: te.Tensor, u: te.Tensor) -> te.Tensor:
     pad = te.compute(
         (nb, cb, n_h * tile + 2, n_w * tile + 2, c),
         lambda b, i, y, x, k: tirx.if_then_else(
-            tirx.all(y >= 1, y <= h, x >= 1, x <= w), data[b, i, y - 1, x - 1, 0, k], tirx.const(0.0, "float32")),
-        name=PAD)
+            tirx.all(y >= 1, y <= h, x >= 1, x <= w), data[b, i, y - 1, x - 1, 0, k], tirx.const(0.0, "float32")
+        ),
+        name=PAD,
+    )
 
     def tile_input(p, ci, dy, dx):  # tile p's input pixel (dy, dx), channel ci
         return pad[p // (n_h * n_w), ci // c, p % (n_h * n_w) // n_w * tile + dy, p % n_w * tile + dx, ci % c]
 
     r_a = te.reduce_axis((0, alpha), "r_a")
-    rows = te.compute((tiles, alpha, alpha, cb * c),
-                      lambda p, e, dx, ci: te.sum(tile_input(p, ci, r_a, dx) * b_mat[r_a, e], axis=[r_a]), name=ROWS)
+    rows = te.compute(
+        (tiles, alpha, alpha, cb * c),
+        lambda p, e, dx, ci: te.sum(tile_input(p, ci, r_a, dx) * b_mat[r_a, e], axis=[r_a]),
+        name=ROWS,
+    )
     r_b = te.reduce_axis((0, alpha), "r_b")
-    v = te.compute((tiles, alpha, alpha, cb * c),
-                   lambda p, e, n, ci: te.sum(rows[p, e, r_b, ci] * b_mat[r_b, n], axis=[r_b]), name=DATA)
+    v = te.compute(
+        (tiles, alpha, alpha, cb * c),
+        lambda p, e, n, ci: te.sum(rows[p, e, r_b, ci] * b_mat[r_b, n], axis=[r_b]),
+        name=DATA,
+    )
     k = te.reduce_axis((0, cb * c), "k")
-    m = te.compute((tiles, alpha, alpha, oc),
-                   lambda p, e, n, co: te.sum(v[p, e, n, k] * u[e, n, k, co], axis=[k]), name=GEMM)
+    m = te.compute(
+        (tiles, alpha, alpha, oc), lambda p, e, n, co: te.sum(v[p, e, n, k] * u[e, n, k, co], axis=[k]), name=GEMM
+    )
     r_c = te.reduce_axis((0, alpha), "r_c")
-    cols = te.compute((tiles, alpha, tile, oc),
-                      lambda p, e, dx, co: te.sum(m[p, e, r_c, co] * a_mat[r_c, dx], axis=[r_c]), name=COLS)
+    cols = te.compute(
+        (tiles, alpha, tile, oc), lambda p, e, dx, co: te.sum(m[p, e, r_c, co] * a_mat[r_c, dx], axis=[r_c]), name=COLS
+    )
     r_d = te.reduce_axis((0, alpha), "r_d")
     return te.compute(
         (nb, oc // c, h, w, 1, c),
         lambda b, o, y, x, _bi, ci: te.sum(
             cols[b * n_h * n_w + y // tile * n_w + x // tile, r_d, x % tile, o * c + ci] * a_mat[r_d, y % tile],
-            axis=[r_d]),
-        name=INVERSE)
+            axis=[r_d],
+        ),
+        name=INVERSE,
+    )
 
 
 @relax.expr_functor.mutator
@@ -157,8 +176,7 @@ class _Rewriter(relax.PyExprMutator):
         if out_dtype not in ("", "void", "float32"):
             return call
         tile = tile_for(int(shape_of(call.args[0])[3]), self.small_below)
-        u = self.builder_.emit(self.builder_.call_te(weight_transform, call.args[1], tile,
-                                                     primfunc_name_hint=WEIGHT))
+        u = self.builder_.emit(self.builder_.call_te(weight_transform, call.args[1], tile, primfunc_name_hint=WEIGHT))
         out = self.builder_.call_te(conv2d_winograd_packed, call.args[0], u, primfunc_name_hint=CONV)
         self.conv_funcs.add(out.args[0].name_hint)
         self.count += 1

@@ -84,10 +84,12 @@ class _PackedConv(Space):
         return packed_conv.space_generator(target, kind, workload)
 
     def versions(self) -> dict[str, int]:
-        return {"packed-conv": packed_conv.VERSION,
-                "packed-conv:float:weights-once": packed_conv.WEIGHTS_ONCE_VERSION,
-                "packed-conv:broadcast-epilogue": packed_conv.BROADCAST_EPILOGUE_VERSION,
-                **{f"packed-conv:{kind}": v for kind, v in packed_conv.KIND_VERSIONS.items()}}
+        return {
+            "packed-conv": packed_conv.VERSION,
+            "packed-conv:float:weights-once": packed_conv.WEIGHTS_ONCE_VERSION,
+            "packed-conv:broadcast-epilogue": packed_conv.BROADCAST_EPILOGUE_VERSION,
+            **{f"packed-conv:{kind}": v for kind, v in packed_conv.KIND_VERSIONS.items()},
+        }
 
 
 class _MetaSchedule(Space):

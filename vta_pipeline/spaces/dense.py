@@ -70,8 +70,11 @@ def applies(workload: Any, target: Any) -> bool:
             return False
         if not _weights_outweigh_activations(sch, block) or not lane_widths(sch, block):
             return False
-        return all(is_spatial(sch.get(b)) for b in sch.get_child_blocks(sch.get_sblock("root"))
-                   if not sch.get(b).same_as(sch.get(block)))
+        return all(
+            is_spatial(sch.get(b))
+            for b in sch.get_child_blocks(sch.get_sblock("root"))
+            if not sch.get(b).same_as(sch.get(block))
+        )
     except Exception:  # noqa: BLE001 - anything TIR will not analyse here: the generic space takes it
         return False
 
@@ -123,6 +126,9 @@ def space_generator() -> Any:
         ms.postproc.RewriteReductionBlock(),
         ms.postproc.RewriteLayout(),  # weights as the nest reads them: [chunk, k, lane]
     ]
-    return ms.space_generator.ScheduleFn(design_spaces, sch_rules=[], postprocs=postprocs,
-                                         mutator_probs={ms.mutator.MutateTileSize(): 0.8,
-                                                        ms.mutator.MutateUnroll(): 0.2})
+    return ms.space_generator.ScheduleFn(
+        design_spaces,
+        sch_rules=[],
+        postprocs=postprocs,
+        mutator_probs={ms.mutator.MutateTileSize(): 0.8, ms.mutator.MutateUnroll(): 0.2},
+    )

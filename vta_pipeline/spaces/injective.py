@@ -142,5 +142,6 @@ def space_generator() -> Any:
     """MetaSchedule's space generator for a task `applies` accepted."""
     from tvm.s_tir import meta_schedule as ms
 
-    return ms.space_generator.ScheduleFn(design_spaces, sch_rules=[], postprocs=[ms.postproc.DisallowDynamicLoop()],
-                                         mutator_probs={})
+    return ms.space_generator.ScheduleFn(
+        design_spaces, sch_rules=[], postprocs=[ms.postproc.DisallowDynamicLoop()], mutator_probs={}
+    )

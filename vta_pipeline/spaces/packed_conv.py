@@ -76,8 +76,8 @@ import math
 from typing import Any
 
 from .. import int8_dot, weight_prefetch
-from .common import fuse_epilogue, parallel_bands
 from ..passes.packed_ops import DEPTHWISE_DOT, DOT_CONV, PACKED_CONV, PACKED_DEPTHWISE
+from .common import fuse_epilogue, parallel_bands
 
 # in the tuning state's space label (from 2 on): a change of a nest searches the tasks that
 # exhausted the old one again
@@ -90,10 +90,10 @@ WEIGHTS_ONCE_VERSION = 4  # 4: each tile prefetches its share of the next block 
 # a conv whose result a wider block broadcasts (`broadcast_epilogue`): what it broadcasts
 # computed once in the conv's write-back, the broadcast block vectorized (`_schedule_wide_consumer`)
 BROADCAST_EPILOGUE_VERSION = 5
-MAX_REG_N = 8      # output columns per register tile
-MAX_REG_H = 4      # output rows per register tile
-MAX_OC_TILE = 4    # packed output-channel chunks per register tile
-MAX_IC_BLOCK = 8   # input-channel chunks per block of weights read once (`_schedule_weights_once`)
+MAX_REG_N = 8  # output columns per register tile
+MAX_REG_H = 4  # output rows per register tile
+MAX_OC_TILE = 4  # packed output-channel chunks per register tile
+MAX_IC_BLOCK = 8  # input-channel chunks per block of weights read once (`_schedule_weights_once`)
 UNROLL_STEPS = [0, 16, 64, 512]  # MetaSchedule's CPU choices for auto-unroll
 # Vector registers the int8 dot product's tile leaves for its operands and its int16 / int32
 # partial products (float tiles count theirs exactly: `tile_registers`).
@@ -116,8 +116,11 @@ def _conv_block(sch) -> tuple[Any, str] | tuple[None, None]:
     bottleneck), "depthwise" (packed), "depthwise_dot" (packed, taps in fours: the dot product's
     depthwise form), "nchw" (a plain NCHW float stem conv: at most 4 input channels, output
     channels in multiples of 8)."""
-    found = [(b, sch.get(b)) for b in sch.get_child_blocks(sch.get_sblock("root"))
-             if sch.get(b).name_hint in (PACKED_CONV, DOT_CONV, NCHW_CONV, PACKED_DEPTHWISE, DEPTHWISE_DOT)]
+    found = [
+        (b, sch.get(b))
+        for b in sch.get_child_blocks(sch.get_sblock("root"))
+        if sch.get(b).name_hint in (PACKED_CONV, DOT_CONV, NCHW_CONV, PACKED_DEPTHWISE, DEPTHWISE_DOT)
+    ]
     if len(found) != 1:
         return None, None
     block, stmt = found[0]
@@ -128,8 +131,12 @@ def _conv_block(sch) -> tuple[Any, str] | tuple[None, None]:
         ok = len(stmt.iter_vars) == 8 and _block_lanes(stmt) == int8_dot.LANES
         return (block, "depthwise_dot") if ok else (None, None)
     if stmt.name_hint == NCHW_CONV:
-        ok = (len(stmt.iter_vars) == 7 and is_float and int(stmt.iter_vars[4].dom.extent) <= MAX_STEM_CHANNELS
-              and _nchw_lanes(int(stmt.iter_vars[1].dom.extent)))
+        ok = (
+            len(stmt.iter_vars) == 7
+            and is_float
+            and int(stmt.iter_vars[4].dom.extent) <= MAX_STEM_CHANNELS
+            and _nchw_lanes(int(stmt.iter_vars[1].dom.extent))
+        )
         return (block, "nchw") if ok else (None, None)
     if len(stmt.iter_vars) != 10:
         return None, None
@@ -150,7 +157,7 @@ def _nchw_lanes(channels: int) -> int | None:
 
 
 def conv_kind(workload: Any, target: Any) -> str | None:
-    """"float" or "dot" when this space applies to the task on this target, else None."""
+    """ "float" or "dot" when this space applies to the task on this target, else None."""
     from tvm.s_tir import Schedule
 
     if target.kind.name != "llvm":
@@ -192,8 +199,9 @@ def design_spaces(sch, intrin: str | None = None, bands: int | None = None) -> l
     return spaces
 
 
-def schedule(sch, intrin: str | None = None, pixel_tiles: bool = False, bands: int | None = None,
-             weights_once: bool = False) -> bool:
+def schedule(
+    sch, intrin: str | None = None, pixel_tiles: bool = False, bands: int | None = None, weights_once: bool = False
+) -> bool:
     """Apply the space's schedule to `sch` (a workload `conv_kind` accepted), sampling its
     knobs; `intrin`: the dot-product intrinsic for an int8 conv; `pixel_tiles`: a float
     conv's tile over the row-major pixels, `weights_once`: a float conv's input channels
@@ -230,8 +238,9 @@ def schedule(sch, intrin: str | None = None, pixel_tiles: bool = False, bands: i
         c_o_o, c_o_i = sch.split(c_o, sch.sample_perfect_tile(c_o, n=2, max_innermost_factor=MAX_OC_TILE))
         tile_o, tile_i = _split_width(sch, pixels, whole=band is not None)
         tile = (tile_i,)
-        outer = _parallel_over_rows(sch, b_o, band, c_o_o, tile_o, [k_o, d_i, d_j, k_i, tile_i, c_o_i, b_i, c_i],
-                                    by_channels)
+        outer = _parallel_over_rows(
+            sch, b_o, band, c_o_o, tile_o, [k_o, d_i, d_j, k_i, tile_i, c_o_i, b_i, c_i], by_channels
+        )
         if band is None:
             tile_o = outer  # every tile its own parallel job
     else:
@@ -422,17 +431,33 @@ def _fuse_pixels(sch, conv, bands: int) -> bool:
     pixels = width * int(sch.get(sch.get_loops(conv)[2]).extent)
     if bands > 1 and pixels % bands == 0:
         per = pixels // bands
-        sch.transform_layout(conv, ("write", 0), lambda b, c, h, w, bi, ci: (
-            b, c, (h * width + w) // per, (h * width + w) % per, bi, ci))
-        sch.transform_block_layout(conv, lambda b, c, h, w, bi, ci, ko, di, dj, ki: (
-            b, c, (h * width + w) // per, (h * width + w) % per, bi, ci, ko, di, dj, ki))
+        sch.transform_layout(
+            conv, ("write", 0), lambda b, c, h, w, bi, ci: (b, c, (h * width + w) // per, (h * width + w) % per, bi, ci)
+        )
+        sch.transform_block_layout(
+            conv,
+            lambda b, c, h, w, bi, ci, ko, di, dj, ki: (
+                b,
+                c,
+                (h * width + w) // per,
+                (h * width + w) % per,
+                bi,
+                ci,
+                ko,
+                di,
+                dj,
+                ki,
+            ),
+        )
         for consumer in sch.get_consumers(conv):  # the epilogue (inlined into one block by now)
-            sch.transform_block_layout(consumer, lambda b, c, h, w, bi, ci: (
-                b, c, (h * width + w) // per, (h * width + w) % per, bi, ci))
+            sch.transform_block_layout(
+                consumer, lambda b, c, h, w, bi, ci: (b, c, (h * width + w) // per, (h * width + w) % per, bi, ci)
+            )
         return True
     sch.transform_layout(conv, ("write", 0), lambda b, c, h, w, bi, ci: (b, c, h * width + w, bi, ci))
-    sch.transform_block_layout(conv, lambda b, c, h, w, bi, ci, ko, di, dj, ki:
-                               (b, c, h * width + w, bi, ci, ko, di, dj, ki))
+    sch.transform_block_layout(
+        conv, lambda b, c, h, w, bi, ci, ko, di, dj, ki: (b, c, h * width + w, bi, ci, ko, di, dj, ki)
+    )
     for consumer in sch.get_consumers(conv):
         sch.transform_block_layout(consumer, lambda b, c, h, w, bi, ci: (b, c, h * width + w, bi, ci))
     return False
@@ -632,23 +657,28 @@ def tile_shape(sch) -> tuple[str, int, int, int]:
     [batch lane], lanes; a float tile over rows has one unrolled pixel loop for the two)."""
     from tvm.tirx import ForKind
 
-    names = {PACKED_CONV + "_update": "float", DOT_CONV + "_o_update": "dot",
-             NCHW_CONV + "_update": "nchw", PACKED_DEPTHWISE + "_update": "depthwise",
-             DEPTHWISE_DOT + "_update": "depthwise", DEPTHWISE_DOT + "_o_update": "depthwise_dot"}
+    names = {
+        PACKED_CONV + "_update": "float",
+        DOT_CONV + "_o_update": "dot",
+        NCHW_CONV + "_update": "nchw",
+        PACKED_DEPTHWISE + "_update": "depthwise",
+        DEPTHWISE_DOT + "_update": "depthwise",
+        DEPTHWISE_DOT + "_o_update": "depthwise_dot",
+    }
     conv = next(b for b in _blocks(sch) if sch.get(b).name_hint in names)
     kind = names[sch.get(conv).name_hint]
     loops = sch.get_loops(conv)
     ext = [int(sch.get(loop).extent) for loop in loops]
-    if kind == "float":    # (oh_i, ow_i) or pixels_i (unrolled), oc_chunk_i, batch lane, oc lane
+    if kind == "float":  # (oh_i, ow_i) or pixels_i (unrolled), oc_chunk_i, batch lane, oc lane
         pixels = ext[-2]
         for loop, extent in zip(reversed(loops[:-3]), reversed(ext[:-3])):
             if sch.get(loop).kind != ForKind.UNROLLED:
                 break
             pixels *= extent
         return kind, pixels, ext[-3], ext[-1]
-    if kind == "dot":      # oh_i, ow_i, oc_chunk_i, batch lane; the 16 or 8 lanes are in the blockized update
+    if kind == "dot":  # oh_i, ow_i, oc_chunk_i, batch lane; the 16 or 8 lanes are in the blockized update
         return kind, ext[-4] * ext[-3] * ext[-1], ext[-2], _block_lanes(sch.get(conv))
-    if kind == "nchw":     # yy_i, xx_i, ff chunk, ff lane
+    if kind == "nchw":  # yy_i, xx_i, ff chunk, ff lane
         return kind, ext[-4] * ext[-3], ext[-2], ext[-1]
     if kind == "depthwise_dot":  # oh_i, ow_i, batch lane; the 16 lanes are in the blockized update
         return kind, ext[-3] * ext[-2] * ext[-1], 1, _block_lanes(sch.get(conv))
@@ -724,6 +754,6 @@ def space_generator(target: Any, kind: str, workload: Any = None) -> Any:
         postprocs.append(ms.postproc.RewriteLayout())
     mutators = {ms.mutator.MutateTileSize(): 0.8, ms.mutator.MutateUnroll(): 0.2}
     bands = parallel_bands(target)
-    return ms.space_generator.ScheduleFn(lambda sch: design_spaces(sch, intrin, bands), sch_rules=[],
-                                         postprocs=postprocs,
-                                         mutator_probs=mutators)
+    return ms.space_generator.ScheduleFn(
+        lambda sch: design_spaces(sch, intrin, bands), sch_rules=[], postprocs=postprocs, mutator_probs=mutators
+    )

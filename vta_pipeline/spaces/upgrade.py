@@ -44,9 +44,18 @@ MUTATED_ANNOTATIONS = ("meta_schedule.parallel",)
 KEEP = 8  # a work dir's best records carried into the current space (as many as a re-time compares)
 # the files of a task's search in one space; `lock` and `default.json` (the default lowering's
 # latency: no space's) stay
-SEARCH_FILES = ("database_tuning_record.json", "database_workload.json", "database_tuning_record.json.corrupt",
-                "database_workload.json.corrupt", "database_tuning_record.json.unreplayable", "trials.jsonl",
-                "retimed.json", "warm_start.json", "library_seeds.json", "state.json")
+SEARCH_FILES = (
+    "database_tuning_record.json",
+    "database_workload.json",
+    "database_tuning_record.json.corrupt",
+    "database_workload.json.corrupt",
+    "database_tuning_record.json.unreplayable",
+    "trials.jsonl",
+    "retimed.json",
+    "warm_start.json",
+    "library_seeds.json",
+    "state.json",
+)
 ARCHIVED = "ARCHIVED"  # written into an archive once every file is in it
 
 
@@ -87,8 +96,12 @@ def structure(trace) -> str:
     from ..task_database import plain_json
 
     insts, _ = plain_json(trace.simplified(remove_postproc=True).as_json(remove_postproc=True))
-    return json.dumps([[kind, _unmutated(kind, inputs, attrs), [] if kind in KNOBS else attrs, outputs]
-                       for kind, inputs, attrs, outputs in insts])
+    return json.dumps(
+        [
+            [kind, _unmutated(kind, inputs, attrs), [] if kind in KNOBS else attrs, outputs]
+            for kind, inputs, attrs, outputs in insts
+        ]
+    )
 
 
 def _unmutated(kind: str, inputs: list, attrs: list) -> list:
@@ -139,8 +152,9 @@ def _replay(space_trace, knobs: list[tuple[Any, Any]]):
         return None
     trace = space_trace
     for (new_inst, new_decision), (old_inst, old_decision) in zip(new_knobs, knobs):
-        trace = trace.with_decision(new_inst, _mapped(new_inst, new_decision, old_inst, old_decision),
-                                    remove_postproc=True)
+        trace = trace.with_decision(
+            new_inst, _mapped(new_inst, new_decision, old_inst, old_decision), remove_postproc=True
+        )
     return trace
 
 
@@ -152,8 +166,9 @@ def upgrade_traces(traces: list, workload_mod, target, space) -> list:
     from tvm.s_tir import Schedule
     from tvm.s_tir import meta_schedule as ms
 
-    ctx = ms.TuneContext(mod=workload_mod, target=target, space_generator=space, task_name="space-upgrade",
-                         rand_state=1)
+    ctx = ms.TuneContext(
+        mod=workload_mod, target=target, space_generator=space, task_name="space-upgrade", rand_state=1
+    )
     spaces = [s.trace for s in ctx.generate_design_space()]
     current = {structure(t) for t in spaces}
     out = []
@@ -236,8 +251,9 @@ def archive_name(label: str | None) -> str:
     return "space-" + re.sub(r"[^A-Za-z0-9.-]+", "_", label or "unlabelled")
 
 
-def upgrade_work_dir(work_dir: Path, workload_mod, target, old_label: str | None, space, seeds_file: str,
-                     keep: int = KEEP) -> dict[str, Any]:
+def upgrade_work_dir(
+    work_dir: Path, workload_mod, target, old_label: str | None, space, seeds_file: str, keep: int = KEEP
+) -> dict[str, Any]:
     """Carry a task's work dir searched in the space `old_label` into the current space:
     every file of that search copied into `space-<old label>/`, the `keep` best records
     upgraded into `space` (`upgrade_records`) and staged to be measured first (`seeds_file`:
@@ -253,8 +269,9 @@ def upgrade_work_dir(work_dir: Path, workload_mod, target, old_label: str | None
             if (work_dir / name).exists():
                 shutil.copy2(work_dir / name, archive / name)
         (archive / ARCHIVED).write_text(json.dumps({"space": old_label}))
-    current, upgraded = upgrade_records(best_records(archive / "database_tuning_record.json", keep), workload_mod,
-                                        target, space)
+    current, upgraded = upgrade_records(
+        best_records(archive / "database_tuning_record.json", keep), workload_mod, target, space
+    )
     staged = current + upgraded
     note = {"from": old_label, "archive": archive.name, "records": len(staged), "upgraded": len(upgraded)}
     for name in SEARCH_FILES:

@@ -41,8 +41,8 @@ from __future__ import annotations
 from typing import Any
 
 from .. import weight_prefetch
-from .common import fuse_epilogue
 from ..passes import winograd as wg
+from .common import fuse_epilogue
 
 # 2: the GEMM weight-major (a task tuned in version 1's space searches again); 3: the transformed
 # weights laid out as the GEMM reads them, and its next block prefetched
@@ -167,5 +167,6 @@ def space_generator() -> Any:
     # of output channels reads one contiguous run (TOPI's order [e, n, k, oc] gave it 128 B of
     # every 1 KB row), and the prefetch of the next block is one run too
     postprocs = [ms.postproc.DisallowDynamicLoop(), ms.postproc.RewriteReductionBlock(), ms.postproc.RewriteLayout()]
-    return ms.space_generator.ScheduleFn(design_spaces, sch_rules=[], postprocs=postprocs,
-                                         mutator_probs={ms.mutator.MutateTileSize(): 1.0})
+    return ms.space_generator.ScheduleFn(
+        design_spaces, sch_rules=[], postprocs=postprocs, mutator_probs={ms.mutator.MutateTileSize(): 1.0}
+    )

@@ -54,9 +54,15 @@ def main() -> None:
         model = onnx.load(pre)
         inits = {i.name for i in model.graph.initializer}
         name = next(i.name for i in model.graph.input if i.name not in inits)
-    quantize_static(pre, args.dst, Batches(name, batches), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QUInt8 if args.activations == "uint8" else QuantType.QInt8,
-                    weight_type=QuantType.QInt8)
+    quantize_static(
+        pre,
+        args.dst,
+        Batches(name, batches),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QUInt8 if args.activations == "uint8" else QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+    )
 
 
 if __name__ == "__main__":

@@ -123,7 +123,9 @@ class Program:
     knobs: Knobs
     instructions: list[Insn]
     uops: np.ndarray  # (n, 3): dst, src, wgt
-    buffers: dict[str, tuple[int, tuple[int, ...], str]] = field(default_factory=dict)  # name -> (address, shape, dtype)
+    buffers: dict[str, tuple[int, tuple[int, ...], str]] = field(
+        default_factory=dict
+    )  # name -> (address, shape, dtype)
 
 
 def _divisors(n: int) -> list[int]:
@@ -150,8 +152,18 @@ def _geometry(wl: ConvWorkload, k: Knobs, epi: Epilogue, cfg: VTAConfig) -> _Geo
     iw = (k.tile_w - 1) * wl.stride_w + wl.kw
     out_entries = k.tile_co * k.tile_h * k.tile_w
     acc = out_entries + (k.tile_co if epi.bias else 0) + (out_entries if epi.residual_shift is not None else 0)
-    return _Geometry(cib, cob, wl.out_height, wl.out_width, ih, iw, k.tile_ci * ih * iw,
-                     k.tile_co * k.tile_ci * wl.kh * wl.kw, acc, k.h_nthread * k.oc_nthread)
+    return _Geometry(
+        cib,
+        cob,
+        wl.out_height,
+        wl.out_width,
+        ih,
+        iw,
+        k.tile_ci * ih * iw,
+        k.tile_co * k.tile_ci * wl.kh * wl.kw,
+        acc,
+        k.h_nthread * k.oc_nthread,
+    )
 
 
 def check(wl: ConvWorkload, k: Knobs, epi: Epilogue, cfg: VTAConfig) -> _Geometry:
@@ -159,11 +171,17 @@ def check(wl: ConvWorkload, k: Knobs, epi: Epilogue, cfg: VTAConfig) -> _Geometr
     if wl.batch != cfg.BATCH:
         raise KnobError(f"batch {wl.batch}: this VTA config computes batch {cfg.BATCH}")
     if wl.in_filter % cfg.BLOCK_IN or wl.out_filter % cfg.BLOCK_OUT:
-        raise KnobError(f"channels {wl.in_filter} -> {wl.out_filter} are not multiples of the block "
-                        f"{cfg.BLOCK_IN}: graph pack keeps such convs on the CPU")
+        raise KnobError(
+            f"channels {wl.in_filter} -> {wl.out_filter} are not multiples of the block "
+            f"{cfg.BLOCK_IN}: graph pack keeps such convs on the CPU"
+        )
     g = _geometry(wl, k, epi, cfg)
-    splits = {"tile_h": (k.tile_h * k.h_nthread, g.oh), "tile_w": (k.tile_w, g.ow), "tile_ci": (k.tile_ci, g.cib),
-              "tile_co": (k.tile_co * k.oc_nthread, g.cob)}
+    splits = {
+        "tile_h": (k.tile_h * k.h_nthread, g.oh),
+        "tile_w": (k.tile_w, g.ow),
+        "tile_ci": (k.tile_ci, g.cib),
+        "tile_co": (k.tile_co * k.oc_nthread, g.cob),
+    }
     for name, (size, extent) in splits.items():
         if extent % size:
             raise KnobError(f"{name}: {size} (with its threads) does not divide the extent {extent}")
@@ -172,13 +190,17 @@ def check(wl: ConvWorkload, k: Knobs, epi: Epilogue, cfg: VTAConfig) -> _Geometr
     if max(wl.pad_h, wl.pad_w) > 15:
         raise KnobError(f"padding {wl.pad_h}x{wl.pad_w}: a LOAD pads at most 15 per side")
     lay = Layout.of(cfg)
-    need = {"input": (g.inp_entries * g.threads, 1 << lay.inp_depth_log),
-            "weight": (g.wgt_entries * g.threads, 1 << lay.wgt_depth_log),
-            "accumulator": (g.acc_entries * g.threads, 1 << lay.acc_depth_log)}
+    need = {
+        "input": (g.inp_entries * g.threads, 1 << lay.inp_depth_log),
+        "weight": (g.wgt_entries * g.threads, 1 << lay.wgt_depth_log),
+        "accumulator": (g.acc_entries * g.threads, 1 << lay.acc_depth_log),
+    }
     for name, (entries, depth) in need.items():
         if entries > depth:
-            raise KnobError(f"the {name} tiles need {entries} entries ({g.threads} thread(s)), more than the "
-                            f"{name} buffer's {depth}")
+            raise KnobError(
+                f"the {name} tiles need {entries} entries ({g.threads} thread(s)), more than the "
+                f"{name} buffer's {depth}"
+            )
     uops = g.threads * (k.tile_ci * wl.kh * wl.kw * k.tile_w + 4)
     if uops > 1 << lay.uop_depth_log:
         raise KnobError(f"{uops} micro-ops, more than the micro-op buffer's {1 << lay.uop_depth_log}")
@@ -192,8 +214,9 @@ def knob_space(wl: ConvWorkload, cfg: VTAConfig, epi: Epilogue = Epilogue()) -> 
     for hn, on in itertools.product((1, 2), (1, 2)):
         if wl.out_height % hn or cob % on:
             continue
-        for th, tw, tci, tco in itertools.product(_divisors(wl.out_height // hn), _divisors(wl.out_width),
-                                                  _divisors(cib), _divisors(cob // on)):
+        for th, tw, tci, tco in itertools.product(
+            _divisors(wl.out_height // hn), _divisors(wl.out_width), _divisors(cib), _divisors(cob // on)
+        ):
             k = Knobs(1, th, tw, tci, tco, hn, on)
             try:
                 check(wl, k, epi, cfg)
@@ -217,12 +240,16 @@ def compile_conv(wl: ConvWorkload, knobs: Knobs, epi: Epilogue, cfg: VTAConfig, 
     k, lay = knobs, Layout.of(cfg)
     b, bi, bo = cfg.BATCH, cfg.BLOCK_IN, cfg.BLOCK_OUT
     if not all(-(1 << 15) <= r < (1 << 15) for r in (epi.round_add, epi.post_round_add)):
-        raise KnobError(f"the requantize's rounding add {max(epi.round_add, epi.post_round_add)} does not fit the "
-                        "ALU's 16-bit immediate "
-                        "(a shift of at most 15)")
-    shapes = {"data": ((1, g.cib, wl.height, wl.width, b, bi), "int8"),
-              "kernel": ((g.cob, g.cib, wl.kh, wl.kw, bo, bi), "int8"),
-              "output": ((1, g.cob, g.oh, g.ow, b, bo), "int8")}
+        raise KnobError(
+            f"the requantize's rounding add {max(epi.round_add, epi.post_round_add)} does not fit the "
+            "ALU's 16-bit immediate "
+            "(a shift of at most 15)"
+        )
+    shapes = {
+        "data": ((1, g.cib, wl.height, wl.width, b, bi), "int8"),
+        "kernel": ((g.cob, g.cib, wl.kh, wl.kw, bo, bi), "int8"),
+        "output": ((1, g.cob, g.oh, g.ow, b, bo), "int8"),
+    }
     if epi.bias:
         shapes["bias"] = ((1, g.cob, 1, 1, b, bo), "int32")
     if epi.residual_shift is not None:
@@ -247,31 +274,65 @@ def compile_conv(wl: ConvWorkload, knobs: Knobs, epi: Epilogue, cfg: VTAConfig, 
     for wave in waves:
         for r, _ in enumerate(wave):  # reset each thread's accumulators, once its previous tile is stored
             u = r * per_thread
-            compute.append(GemmInsn(u + RESET_UOP, u + RESET_UOP + 1, 1, out_n, dst_factor_in=1, reset=True,
-                                    deps=Deps(pop_next=tile + r >= g.threads)))
+            compute.append(
+                GemmInsn(
+                    u + RESET_UOP,
+                    u + RESET_UOP + 1,
+                    1,
+                    out_n,
+                    dst_factor_in=1,
+                    reset=True,
+                    deps=Deps(pop_next=tile + r >= g.threads),
+                )
+            )
         for j in range(steps):
             for r, (co, h, w) in enumerate(wave):
                 inp0, wgt0, u = r * g.inp_entries, r * g.wgt_entries, r * per_thread
                 loads = _input_loads(wl, k, g, base["data"], h, w, j, inp0) + [
-                    MemInsn(Opcode.LOAD, Mem.WGT, wgt0,
-                            base["kernel"] + (co * k.tile_co * g.cib + j * k.tile_ci) * wl.kh * wl.kw,
-                            k.tile_co, k.tile_ci * wl.kh * wl.kw, g.cib * wl.kh * wl.kw)]
+                    MemInsn(
+                        Opcode.LOAD,
+                        Mem.WGT,
+                        wgt0,
+                        base["kernel"] + (co * k.tile_co * g.cib + j * k.tile_ci) * wl.kh * wl.kw,
+                        k.tile_co,
+                        k.tile_ci * wl.kh * wl.kw,
+                        g.cib * wl.kh * wl.kw,
+                    )
+                ]
                 loads[0] = _flag(loads[0], pop_next=step >= g.threads)  # that copy's last reader is done
                 loads[-1] = _flag(loads[-1], push_next=True)
                 load_q += loads
-                compute.append(GemmInsn(u + GEMM_UOP, u + per_thread, k.tile_co, k.tile_h,
-                                        dst_factor_out=k.tile_h * k.tile_w, dst_factor_in=k.tile_w,
-                                        src_factor_in=wl.stride_h * g.iw, wgt_factor_out=k.tile_ci * wl.kh * wl.kw,
-                                        deps=Deps(pop_prev=True, push_prev=step < n_steps - g.threads)))
+                compute.append(
+                    GemmInsn(
+                        u + GEMM_UOP,
+                        u + per_thread,
+                        k.tile_co,
+                        k.tile_h,
+                        dst_factor_out=k.tile_h * k.tile_w,
+                        dst_factor_in=k.tile_w,
+                        src_factor_in=wl.stride_h * g.iw,
+                        wgt_factor_out=k.tile_ci * wl.kh * wl.kw,
+                        deps=Deps(pop_prev=True, push_prev=step < n_steps - g.threads),
+                    )
+                )
                 step += 1
         for r, (co, h, w) in enumerate(wave):
             acc0, u = r * g.acc_entries, r * per_thread
             ops = _epilogue(wl, k, g, epi, base, co, h, w, acc0, u, out_n)
             ops[-1] = _flag(ops[-1], push_next=True)
             compute += ops
-            stores = [MemInsn(Opcode.STORE, Mem.OUT, acc0 + c * k.tile_h * k.tile_w,
-                              base["output"] + ((co * k.tile_co + c) * g.oh + h * k.tile_h) * g.ow + w * k.tile_w,
-                              k.tile_h, k.tile_w, g.ow) for c in range(k.tile_co)]
+            stores = [
+                MemInsn(
+                    Opcode.STORE,
+                    Mem.OUT,
+                    acc0 + c * k.tile_h * k.tile_w,
+                    base["output"] + ((co * k.tile_co + c) * g.oh + h * k.tile_h) * g.ow + w * k.tile_w,
+                    k.tile_h,
+                    k.tile_w,
+                    g.ow,
+                )
+                for c in range(k.tile_co)
+            ]
             stores[0] = _flag(stores[0], pop_prev=True)
             # free the copy for the tile `threads` later; the last tile's token goes to FINISH
             stores[-1] = _flag(stores[-1], push_prev=tile < n_tiles - g.threads or tile == n_tiles - 1)
@@ -295,10 +356,13 @@ def _thread_uops(wl: ConvWorkload, k: Knobs, g: _Geometry, epi: Epilogue, r: int
     bias0 = acc0 + out_n
     res0 = bias0 + (k.tile_co if epi.bias else 0)
     head = [(acc0, acc0, 0), (acc0, bias0, 0), (acc0, res0, 0), (res0, res0, 0)]
-    ci, dy, dx, x = np.meshgrid(np.arange(k.tile_ci), np.arange(wl.kh), np.arange(wl.kw), np.arange(k.tile_w),
-                                indexing="ij")
-    gemm = np.stack([acc0 + x, inp0 + ci * g.ih * g.iw + dy * g.iw + x * wl.stride_w + dx,
-                     wgt0 + (ci * wl.kh + dy) * wl.kw + dx], axis=-1).reshape(-1, 3)
+    ci, dy, dx, x = np.meshgrid(
+        np.arange(k.tile_ci), np.arange(wl.kh), np.arange(wl.kw), np.arange(k.tile_w), indexing="ij"
+    )
+    gemm = np.stack(
+        [acc0 + x, inp0 + ci * g.ih * g.iw + dy * g.iw + x * wl.stride_w + dx, wgt0 + (ci * wl.kh + dy) * wl.kw + dx],
+        axis=-1,
+    ).reshape(-1, 3)
     return np.concatenate([np.array(head, dtype=np.int64), gemm])
 
 
@@ -306,16 +370,19 @@ def _waves(g: _Geometry, k: Knobs) -> list[list[tuple[int, int, int]]]:
     """The output tiles (co, h, w) in groups of one per virtual thread, as VTA's schedule splits
     them: threads over output channel tiles (oc_nthread) and row tiles (h_nthread)."""
     co_t, h_t, w_t = g.cob // k.tile_co, g.oh // k.tile_h, g.ow // k.tile_w
-    return [[(co * k.oc_nthread + a, h * k.h_nthread + c, w) for a in range(k.oc_nthread) for c in range(k.h_nthread)]
-            for co in range(co_t // k.oc_nthread) for h in range(h_t // k.h_nthread) for w in range(w_t)]
+    return [
+        [(co * k.oc_nthread + a, h * k.h_nthread + c, w) for a in range(k.oc_nthread) for c in range(k.h_nthread)]
+        for co in range(co_t // k.oc_nthread)
+        for h in range(h_t // k.h_nthread)
+        for w in range(w_t)
+    ]
 
 
 def _flag(insn: Insn, **flags: bool) -> Insn:
     return replace(insn, deps=replace(insn.deps, **{f: getattr(insn.deps, f) or v for f, v in flags.items()}))
 
 
-def _input_loads(wl: ConvWorkload, k: Knobs, g: _Geometry, data: int, h: int, w: int, j: int,
-                 inp0: int) -> list[Insn]:
+def _input_loads(wl: ConvWorkload, k: Knobs, g: _Geometry, data: int, h: int, w: int, j: int, inp0: int) -> list[Insn]:
     """One 2-D LOAD per input channel block of reduction step j: the window of rows and columns
     the output tile (h, w) reads, zero-padded where it falls outside the image."""
     r0, c0 = h * k.tile_h * wl.stride_h - wl.pad_h, w * k.tile_w * wl.stride_w - wl.pad_w
@@ -324,37 +391,91 @@ def _input_loads(wl: ConvWorkload, k: Knobs, g: _Geometry, data: int, h: int, w:
     out: list[Insn] = []
     for c in range(k.tile_ci):
         ci = j * k.tile_ci + c
-        out.append(MemInsn(Opcode.LOAD, Mem.INP, inp0 + c * g.ih * g.iw, data + (ci * wl.height + r_lo) * wl.width
-                           + c_lo, r_hi - r_lo, c_hi - c_lo, wl.width, y_pad_0=r_lo - r0, y_pad_1=r0 + g.ih - r_hi,
-                           x_pad_0=c_lo - c0, x_pad_1=c0 + g.iw - c_hi))
+        out.append(
+            MemInsn(
+                Opcode.LOAD,
+                Mem.INP,
+                inp0 + c * g.ih * g.iw,
+                data + (ci * wl.height + r_lo) * wl.width + c_lo,
+                r_hi - r_lo,
+                c_hi - c_lo,
+                wl.width,
+                y_pad_0=r_lo - r0,
+                y_pad_1=r0 + g.ih - r_hi,
+                x_pad_0=c_lo - c0,
+                x_pad_1=c0 + g.iw - c_hi,
+            )
+        )
     return out
 
 
-def _epilogue(wl: ConvWorkload, k: Knobs, g: _Geometry, epi: Epilogue, base: dict[str, int], co: int, h: int, w: int,
-              acc0: int, u: int, out_n: int) -> list[Insn]:
+def _epilogue(
+    wl: ConvWorkload,
+    k: Knobs,
+    g: _Geometry,
+    epi: Epilogue,
+    base: dict[str, int],
+    co: int,
+    h: int,
+    w: int,
+    acc0: int,
+    u: int,
+    out_n: int,
+) -> list[Insn]:
     """The tile's epilogue on the compute module: bias and residual loaded into the thread's
     accumulator copy, then ALU ops over the tile (one micro-op each, two loops)."""
     ops: list[Insn] = []
     tile_hw = k.tile_h * k.tile_w
 
     def over_tile(op: AluOp, uop: int, imm: int | None = None, src_in: int = 1, n: int = out_n) -> AluInsn:
-        return AluInsn(op, u + uop, u + uop + 1, 1, n, dst_factor_in=1, src_factor_in=src_in,
-                       use_imm=imm is not None, imm=imm or 0)
+        return AluInsn(
+            op, u + uop, u + uop + 1, 1, n, dst_factor_in=1, src_factor_in=src_in, use_imm=imm is not None, imm=imm or 0
+        )
 
     if epi.bias:
         bias0 = acc0 + out_n
         ops.append(MemInsn(Opcode.LOAD, Mem.ACC, bias0, base["bias"] + co * k.tile_co, 1, k.tile_co, k.tile_co))
-        ops.append(AluInsn(AluOp.ADD, u + BIAS_UOP, u + BIAS_UOP + 1, k.tile_co, tile_hw, dst_factor_out=tile_hw,
-                           dst_factor_in=1, src_factor_out=1, src_factor_in=0))
+        ops.append(
+            AluInsn(
+                AluOp.ADD,
+                u + BIAS_UOP,
+                u + BIAS_UOP + 1,
+                k.tile_co,
+                tile_hw,
+                dst_factor_out=tile_hw,
+                dst_factor_in=1,
+                src_factor_out=1,
+                src_factor_in=0,
+            )
+        )
     if epi.residual_shift is not None:
         res0 = acc0 + out_n + (k.tile_co if epi.bias else 0)
         for c in range(k.tile_co):
-            ops.append(MemInsn(Opcode.LOAD, Mem.ACC_8BIT, res0 + c * tile_hw,
-                               base["residual"] + ((co * k.tile_co + c) * g.oh + h * k.tile_h) * g.ow + w * k.tile_w,
-                               k.tile_h, k.tile_w, g.ow))
+            ops.append(
+                MemInsn(
+                    Opcode.LOAD,
+                    Mem.ACC_8BIT,
+                    res0 + c * tile_hw,
+                    base["residual"] + ((co * k.tile_co + c) * g.oh + h * k.tile_h) * g.ow + w * k.tile_w,
+                    k.tile_h,
+                    k.tile_w,
+                    g.ow,
+                )
+            )
         if epi.residual_shift:
-            ops.append(AluInsn(AluOp.SHR, u + RESIDUAL_SHIFT_UOP, u + RESIDUAL_SHIFT_UOP + 1, 1, out_n,
-                               dst_factor_in=1, src_factor_in=1, use_imm=True, imm=-epi.residual_shift))
+            ops.append(
+                AluInsn(
+                    AluOp.SHR,
+                    u + RESIDUAL_SHIFT_UOP,
+                    u + RESIDUAL_SHIFT_UOP + 1,
+                    1,
+                    out_n,
+                    dst_factor_in=1,
+                    src_factor_in=1,
+                    use_imm=True,
+                    imm=-epi.residual_shift,
+                )
+            )
         ops.append(over_tile(AluOp.ADD, RESIDUAL_UOP))
     if epi.round_add:
         ops.append(over_tile(AluOp.ADD, RESET_UOP, epi.round_add))
@@ -370,8 +491,14 @@ def _epilogue(wl: ConvWorkload, k: Knobs, g: _Geometry, epi: Epilogue, base: dic
 
 
 # ---- running it -----------------------------------------------------------------------------------
-def reference(wl: ConvWorkload, epi: Epilogue, data: np.ndarray, kernel: np.ndarray, bias: np.ndarray | None = None,
-              residual: np.ndarray | None = None) -> np.ndarray:
+def reference(
+    wl: ConvWorkload,
+    epi: Epilogue,
+    data: np.ndarray,
+    kernel: np.ndarray,
+    bias: np.ndarray | None = None,
+    residual: np.ndarray | None = None,
+) -> np.ndarray:
     """The packed conv and its epilogue in numpy integers (int64): what VTA must produce."""
     n, cib, hh, ww, bb, bi = data.shape
     x = data.transpose(0, 4, 1, 5, 2, 3).reshape(n * bb, cib * bi, hh, ww).astype(np.int64)
@@ -383,8 +510,12 @@ def reference(wl: ConvWorkload, epi: Epilogue, data: np.ndarray, kernel: np.ndar
     xf, wf = xp.astype(np.float64), wt.astype(np.float64)
     for dy in range(kh):
         for dx in range(kw):
-            win = xf[:, :, dy: dy + (oh - 1) * wl.stride_h + 1: wl.stride_h, dx: dx + (ow - 1) * wl.stride_w + 1:
-                     wl.stride_w]
+            win = xf[
+                :,
+                :,
+                dy : dy + (oh - 1) * wl.stride_h + 1 : wl.stride_h,
+                dx : dx + (ow - 1) * wl.stride_w + 1 : wl.stride_w,
+            ]
             acc += np.tensordot(wf[:, :, dy, dx], win, axes=([1], [1])).transpose(1, 0, 2, 3)
     acc = acc.astype(np.int64)
     acc = acc.reshape(n, bb, cob, bo, oh, ow).transpose(0, 2, 4, 5, 1, 3)  # packed
@@ -409,7 +540,7 @@ def run_conv(prog: Program, dram: Dram, sim: Simulator, tensors: dict[str, np.nd
         if value.shape != shape:
             raise ValueError(f"{name}: shape {value.shape}, the program expects {shape}")
         raw = value.view(np.uint8).ravel()
-        dram.data[address: address + raw.size] = raw
+        dram.data[address : address + raw.size] = raw
     stats = sim.run(prog.instructions, dram)
     address, shape, dtype = prog.buffers["output"]
     return dram.get(address, dtype, shape), stats
@@ -419,5 +550,10 @@ def describe(stats: Stats, wl: ConvWorkload, cfg: VTAConfig, model: Any) -> dict
     """Simulated latency at the board's clock and the GOPS against VTA's peak."""
     seconds = stats.cycles / model.clock_hz
     peak = cfg.BATCH * cfg.BLOCK_IN * cfg.BLOCK_OUT * 2 * model.clock_hz
-    return {"cycles": stats.cycles, "ms": seconds * 1e3, "gops": wl.ops() / seconds / 1e9,
-            "peak_gops": peak / 1e9, "of_peak": wl.ops() / seconds / peak}
+    return {
+        "cycles": stats.cycles,
+        "ms": seconds * 1e3,
+        "gops": wl.ops() / seconds / 1e9,
+        "peak_gops": peak / 1e9,
+        "of_peak": wl.ops() / seconds / peak,
+    }

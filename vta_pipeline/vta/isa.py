@@ -177,8 +177,10 @@ def _place(spec: tuple[tuple[str, int], ...], word_bits: int, total_bits: int, w
         out[name] = (pos, width)
         pos += width
     if pos > total_bits:
-        raise ConfigError(f"{what} needs {pos} bits, more than its {total_bits}: this VTA config's buffer depths have "
-                          "no encoding in VTA's instruction format (use smaller LOG_*_BUFF_SIZE)")
+        raise ConfigError(
+            f"{what} needs {pos} bits, more than its {total_bits}: this VTA config's buffer depths have "
+            "no encoding in VTA's instruction format (use smaller LOG_*_BUFF_SIZE)"
+        )
     return out
 
 
@@ -206,16 +208,33 @@ class Layout:
 
     @cached_property
     def mem(self) -> dict[str, tuple[int, int]]:
-        spec = HEADER + (("memory_type", MEMOP_ID_BITS), ("sram_base", SRAM_ADDR_BITS), ("dram_base", DRAM_ADDR_BITS),
-                         ("y_size", SIZE_BITS), ("x_size", SIZE_BITS), ("x_stride", STRIDE_BITS),
-                         ("y_pad_0", PAD_BITS), ("y_pad_1", PAD_BITS), ("x_pad_0", PAD_BITS), ("x_pad_1", PAD_BITS))
+        spec = HEADER + (
+            ("memory_type", MEMOP_ID_BITS),
+            ("sram_base", SRAM_ADDR_BITS),
+            ("dram_base", DRAM_ADDR_BITS),
+            ("y_size", SIZE_BITS),
+            ("x_size", SIZE_BITS),
+            ("x_stride", STRIDE_BITS),
+            ("y_pad_0", PAD_BITS),
+            ("y_pad_1", PAD_BITS),
+            ("x_pad_0", PAD_BITS),
+            ("x_pad_1", PAD_BITS),
+        )
         return _place(spec, 64, 128, "a LOAD/STORE instruction")
 
     def _loops(self, src_bits: int) -> tuple[tuple[str, int], ...]:
         u, a = self.uop_depth_log, self.acc_depth_log
-        return HEADER + (("reset", 1), ("uop_bgn", u), ("uop_end", u + 1), ("iter_out", LOOP_ITER_BITS),
-                         ("iter_in", LOOP_ITER_BITS), ("dst_factor_out", a), ("dst_factor_in", a),
-                         ("src_factor_out", src_bits), ("src_factor_in", src_bits))
+        return HEADER + (
+            ("reset", 1),
+            ("uop_bgn", u),
+            ("uop_end", u + 1),
+            ("iter_out", LOOP_ITER_BITS),
+            ("iter_in", LOOP_ITER_BITS),
+            ("dst_factor_out", a),
+            ("dst_factor_in", a),
+            ("src_factor_out", src_bits),
+            ("src_factor_in", src_bits),
+        )
 
     @cached_property
     def gemm(self) -> dict[str, tuple[int, int]]:
@@ -225,7 +244,11 @@ class Layout:
 
     @cached_property
     def alu(self) -> dict[str, tuple[int, int]]:  # its source indexes the accumulators
-        spec = self._loops(self.acc_depth_log) + (("alu_opcode", ALU_OPCODE_BITS), ("use_imm", 1), ("imm", ALU_IMM_BITS))
+        spec = self._loops(self.acc_depth_log) + (
+            ("alu_opcode", ALU_OPCODE_BITS),
+            ("use_imm", 1),
+            ("imm", ALU_IMM_BITS),
+        )
         return _place(spec, 64, 128, "an ALU instruction")
 
     @cached_property
@@ -239,8 +262,13 @@ class Layout:
         return _place(spec, 32, 32, "a micro-op")
 
     def fields_of(self, opcode: Opcode) -> dict[str, tuple[int, int]]:
-        return {Opcode.LOAD: self.mem, Opcode.STORE: self.mem, Opcode.GEMM: self.gemm, Opcode.ALU: self.alu,
-                Opcode.FINISH: self.finish}[opcode]
+        return {
+            Opcode.LOAD: self.mem,
+            Opcode.STORE: self.mem,
+            Opcode.GEMM: self.gemm,
+            Opcode.ALU: self.alu,
+            Opcode.FINISH: self.finish,
+        }[opcode]
 
 
 class EncodeError(ValueError):
@@ -264,8 +292,9 @@ def encode(insn: Insn, layout: Layout) -> bytes:
                 raise EncodeError(f"{type(insn).__name__}: imm={value} does not fit a signed {width}-bit field")
             value &= (1 << width) - 1
         elif not 0 <= value < (1 << width):
-            raise EncodeError(f"{type(insn).__name__}: {name}={value} does not fit its {width} bits "
-                              f"(0..{(1 << width) - 1})")
+            raise EncodeError(
+                f"{type(insn).__name__}: {name}={value} does not fit its {width} bits (0..{(1 << width) - 1})"
+            )
         word |= value << pos
     return word.to_bytes(INSN_BYTES, "little")
 
@@ -292,8 +321,13 @@ def decode(raw: bytes, layout: Layout) -> Insn:
     if opcode == Opcode.GEMM:
         return GemmInsn(reset=bool(vals.pop("reset")), deps=deps, **vals)
     if opcode == Opcode.ALU:
-        return AluInsn(AluOp(vals.pop("alu_opcode")), use_imm=bool(vals.pop("use_imm")), reset=bool(vals.pop("reset")),
-                       deps=deps, **vals)
+        return AluInsn(
+            AluOp(vals.pop("alu_opcode")),
+            use_imm=bool(vals.pop("use_imm")),
+            reset=bool(vals.pop("reset")),
+            deps=deps,
+            **vals,
+        )
     return FinishInsn(deps=deps)
 
 
@@ -304,7 +338,7 @@ def encode_stream(insns: list[Insn], layout: Layout) -> bytes:
 def decode_stream(raw: bytes, layout: Layout) -> list[Insn]:
     if len(raw) % INSN_BYTES:
         raise ValueError(f"an instruction stream is a multiple of {INSN_BYTES} bytes, got {len(raw)}")
-    return [decode(raw[k:k + INSN_BYTES], layout) for k in range(0, len(raw), INSN_BYTES)]
+    return [decode(raw[k : k + INSN_BYTES], layout) for k in range(0, len(raw), INSN_BYTES)]
 
 
 def encode_uops(dst: np.ndarray, src: np.ndarray, wgt: np.ndarray, layout: Layout) -> np.ndarray:
@@ -314,8 +348,10 @@ def encode_uops(dst: np.ndarray, src: np.ndarray, wgt: np.ndarray, layout: Layou
         pos, width = layout.uop[name]
         arr = np.asarray(arr, dtype=np.int64)
         if arr.size and (arr.min() < 0 or arr.max() >= (1 << width)):
-            raise EncodeError(f"micro-op {name} index {int(arr.max()) if arr.max() >= (1 << width) else int(arr.min())} "
-                              f"does not fit its {width} bits (0..{(1 << width) - 1})")
+            raise EncodeError(
+                f"micro-op {name} index {int(arr.max()) if arr.max() >= (1 << width) else int(arr.min())} "
+                f"does not fit its {width} bits (0..{(1 << width) - 1})"
+            )
         out |= arr.astype(np.uint64) << np.uint64(pos)
     return out.astype("<u4")
 

@@ -50,8 +50,10 @@ def time_on_board(vm: Any, dev: Any, session: Any, args: list[Any], repeat: int 
         set_functional(True)
     counted = json.loads(str(counters(False)))
     if not counted:
-        raise RuntimeError("no conv ran on VTA: the module has no offloaded convs, or the board's runtime "
-                           "is not registered (start it with `python -m vta_pipeline.vta.rpc_server`)")
+        raise RuntimeError(
+            "no conv ran on VTA: the module has no offloaded convs, or the board's runtime "
+            "is not registered (start it with `python -m vta_pipeline.vta.rpc_server`)"
+        )
     convs, vta_s, sim_s = [], 0.0, 0.0
     for c in counted:
         clock = c["spec"]["cycle_model"]["clock_hz"]
@@ -60,8 +62,15 @@ def time_on_board(vm: Any, dev: Any, session: Any, args: list[Any], repeat: int 
         vta_s += c["cycles"] / runs / clock
         sim_s += c["sim_seconds"] / runs
         cycles = c["cycles"] / c["calls"]
-        convs.append({"workload": c["spec"]["workload"], "knobs": c["spec"]["knobs"], "convs": n,
-                      "cycles": cycles, "ms": cycles / clock * 1e3})
+        convs.append(
+            {
+                "workload": c["spec"]["workload"],
+                "knobs": c["spec"]["knobs"],
+                "convs": n,
+                "cycles": cycles,
+                "ms": cycles / clock * 1e3,
+            }
+        )
     wall = statistics.fmean(walls)
     return NetworkTime(vta_s * 1e3, max(wall - sim_s, 0.0) * 1e3, len(walls), convs)
 

@@ -27,8 +27,9 @@ MEASURE = "vta_pipeline.vta.measure"
 def _measure(request: str) -> str:
     req = json.loads(request)
     cfg = VTAConfig(**req["vta"])
-    measure = local_measure(ConvWorkload(**req["workload"]), Epilogue(**req["epilogue"]), cfg,
-                            CycleModel(**req.get("cycle_model", {})))
+    measure = local_measure(
+        ConvWorkload(**req["workload"]), Epilogue(**req["epilogue"]), cfg, CycleModel(**req.get("cycle_model", {}))
+    )
     return json.dumps([asdict(m) for m in measure([Knobs(**k) for k in req["knobs"]])])
 
 
@@ -42,14 +43,29 @@ def register() -> None:
     runtime.register()  # what offloaded networks call
 
 
-def request(wl: ConvWorkload, epi: Epilogue, cfg: VTAConfig, knobs: list[Knobs],
-            model: CycleModel | None = None) -> str:
-    return json.dumps({"vta": cfg.model_dump(), "workload": asdict(wl), "epilogue": asdict(epi),
-                       "knobs": [k.to_dict() for k in knobs], "cycle_model": asdict(model or CycleModel())})
+def request(
+    wl: ConvWorkload, epi: Epilogue, cfg: VTAConfig, knobs: list[Knobs], model: CycleModel | None = None
+) -> str:
+    return json.dumps(
+        {
+            "vta": cfg.model_dump(),
+            "workload": asdict(wl),
+            "epilogue": asdict(epi),
+            "knobs": [k.to_dict() for k in knobs],
+            "cycle_model": asdict(model or CycleModel()),
+        }
+    )
 
 
-def board_measure(tracker: str, key: str, wl: ConvWorkload, epi: Epilogue, cfg: VTAConfig,
-                  model: CycleModel | None = None, timeout_s: float = 300.0) -> Measure:
+def board_measure(
+    tracker: str,
+    key: str,
+    wl: ConvWorkload,
+    epi: Epilogue,
+    cfg: VTAConfig,
+    model: CycleModel | None = None,
+    timeout_s: float = 300.0,
+) -> Measure:
     """The tuner's Measure on a VTA board behind `tracker` (HOST:PORT) under `key`: one
     session per batch, as a board in a rack is shared between tasks."""
     from tvm import rpc

@@ -50,19 +50,35 @@ class ConvSpec:
     cycle_model: CycleModel = CycleModel()
 
     def to_json(self) -> str:
-        return json.dumps({"vta": self.vta, "workload": asdict(self.workload), "epilogue": asdict(self.epilogue),
-                           "knobs": self.knobs.to_dict(), "cycle_model": asdict(self.cycle_model)}, sort_keys=True)
+        return json.dumps(
+            {
+                "vta": self.vta,
+                "workload": asdict(self.workload),
+                "epilogue": asdict(self.epilogue),
+                "knobs": self.knobs.to_dict(),
+                "cycle_model": asdict(self.cycle_model),
+            },
+            sort_keys=True,
+        )
 
     @classmethod
     def from_json(cls, text: str) -> ConvSpec:
         d = json.loads(text)
-        return cls(d["vta"], ConvWorkload(**d["workload"]), Epilogue(**d["epilogue"]), Knobs(**d["knobs"]),
-                   CycleModel(**d["cycle_model"]))
+        return cls(
+            d["vta"],
+            ConvWorkload(**d["workload"]),
+            Epilogue(**d["epilogue"]),
+            Knobs(**d["knobs"]),
+            CycleModel(**d["cycle_model"]),
+        )
 
     def inputs(self) -> list[str]:
         """The tensor arguments before the output, in call order."""
-        return ["data", "kernel"] + (["bias"] if self.epilogue.bias else []) + \
-            (["residual"] if self.epilogue.residual_shift is not None else [])
+        return (
+            ["data", "kernel"]
+            + (["bias"] if self.epilogue.bias else [])
+            + (["residual"] if self.epilogue.residual_shift is not None else [])
+        )
 
 
 @dataclass
@@ -91,10 +107,13 @@ def _get(spec_json: str) -> _Compiled:
             spec = ConvSpec.from_json(spec_json)
             cfg = VTAConfig(**spec.vta)
             dram = Dram()
-            c = _compiled[spec_json] = _Compiled(spec, compile_conv(spec.workload, spec.knobs, spec.epilogue, cfg,
-                                                                    dram),
-                                                 dram, Simulator(cfg, spec.cycle_model),
-                                                 Simulator(cfg, spec.cycle_model, functional=False))
+            c = _compiled[spec_json] = _Compiled(
+                spec,
+                compile_conv(spec.workload, spec.knobs, spec.epilogue, cfg, dram),
+                dram,
+                Simulator(cfg, spec.cycle_model),
+                Simulator(cfg, spec.cycle_model, functional=False),
+            )
     return c
 
 
@@ -120,8 +139,11 @@ def conv2d(*args: Any) -> None:
 def counters(reset: bool = False) -> str:
     """Per spec: calls, simulated cycles, host seconds simulating; then zeroed if `reset`."""
     with _lock:
-        reply = [{"spec": json.loads(key), "calls": c.calls, "cycles": c.cycles, "sim_seconds": c.sim_seconds}
-                 for key, c in _compiled.items() if c.calls]
+        reply = [
+            {"spec": json.loads(key), "calls": c.calls, "cycles": c.cycles, "sim_seconds": c.sim_seconds}
+            for key, c in _compiled.items()
+            if c.calls
+        ]
         if reset:
             for c in _compiled.values():
                 c.calls, c.cycles, c.sim_seconds = 0, 0, 0.0

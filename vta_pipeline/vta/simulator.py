@@ -117,12 +117,12 @@ class Dram:
         """Copy `array` (its bytes, C order) into a new buffer; returns its byte address."""
         raw = np.ascontiguousarray(array).view(np.uint8).ravel()
         addr = self.alloc(raw.size)
-        self.data[addr: addr + raw.size] = raw
+        self.data[addr : addr + raw.size] = raw
         return addr
 
     def get(self, addr: int, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
         n = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        return self.data[addr: addr + n].view(dtype).reshape(shape).copy()
+        return self.data[addr : addr + n].view(dtype).reshape(shape).copy()
 
 
 @dataclass
@@ -146,10 +146,14 @@ class Stats:
 
 SMALL_GEMM = 4096  # micro-op iterations up to which a GEMM gathers a weight tile per iteration (<= 16 MB)
 _TOKENS = {  # (core, flag) -> the token queue it pops or pushes
-    (Core.LOAD, "pop_next"): "g2l", (Core.LOAD, "push_next"): "l2g",
-    (Core.COMPUTE, "pop_prev"): "l2g", (Core.COMPUTE, "pop_next"): "s2g",
-    (Core.COMPUTE, "push_prev"): "g2l", (Core.COMPUTE, "push_next"): "g2s",
-    (Core.STORE, "pop_prev"): "g2s", (Core.STORE, "push_prev"): "s2g",
+    (Core.LOAD, "pop_next"): "g2l",
+    (Core.LOAD, "push_next"): "l2g",
+    (Core.COMPUTE, "pop_prev"): "l2g",
+    (Core.COMPUTE, "pop_next"): "s2g",
+    (Core.COMPUTE, "push_prev"): "g2l",
+    (Core.COMPUTE, "push_next"): "g2s",
+    (Core.STORE, "pop_prev"): "g2s",
+    (Core.STORE, "push_prev"): "s2g",
 }
 
 
@@ -167,13 +171,20 @@ class Simulator:
         self.wgt = np.zeros((1 << lay.wgt_depth_log, bo, bi), np.int8)
         self.acc = np.zeros((1 << lay.acc_depth_log, b, bo), np.int32)
         self.uop = np.zeros((3, 1 << lay.uop_depth_log), np.int64)  # decoded (dst, src, wgt)
-        self.valid = {name: np.zeros(len(getattr(self, name)) if name != "uop" else self.uop.shape[1], bool)
-                      for name in ("inp", "wgt", "acc", "uop")}
+        self.valid = {
+            name: np.zeros(len(getattr(self, name)) if name != "uop" else self.uop.shape[1], bool)
+            for name in ("inp", "wgt", "acc", "uop")
+        }
         self._index_cache: dict[Insn, tuple[np.ndarray, ...]] = {}
         self._checked: set[tuple[str, Insn]] = set()
-        self.elem_bytes = {Mem.UOP: 4, Mem.INP: b * bi * cfg.INP_WIDTH // 8, Mem.WGT: bo * bi * cfg.WGT_WIDTH // 8,
-                           Mem.ACC: b * bo * cfg.ACC_WIDTH // 8, Mem.OUT: b * bo * cfg.INP_WIDTH // 8,
-                           Mem.ACC_8BIT: b * bo}
+        self.elem_bytes = {
+            Mem.UOP: 4,
+            Mem.INP: b * bi * cfg.INP_WIDTH // 8,
+            Mem.WGT: bo * bi * cfg.WGT_WIDTH // 8,
+            Mem.ACC: b * bo * cfg.ACC_WIDTH // 8,
+            Mem.OUT: b * bo * cfg.INP_WIDTH // 8,
+            Mem.ACC_8BIT: b * bo,
+        }
 
     # ---- the run ------------------------------------------------------------------------------------
     def run(self, stream: list[Insn] | bytes, dram: Dram) -> Stats:
@@ -203,8 +214,7 @@ class Simulator:
             if best is None:
                 if any(queues.values()):
                     raise DeadlockError(self._deadlock(queues, tokens, insns))
-                raise StreamError(f"the stream of {len(insns)} instructions has no FINISH: VTA would never "
-                                  "signal done")
+                raise StreamError(f"the stream of {len(insns)} instructions has no FINISH: VTA would never signal done")
             start, core = best
             k, insn = queues[core].popleft()
             for f in ("pop_prev", "pop_next"):
@@ -226,20 +236,24 @@ class Simulator:
                 break
         left = {c.name.lower(): len(q) for c, q in queues.items() if q}
         if left:
-            raise StreamError(f"FINISH (instruction {k}) ran before {left} instruction(s) of other modules: it must "
-                              "pop tokens from the load and store modules so that it runs last")
+            raise StreamError(
+                f"FINISH (instruction {k}) ran before {left} instruction(s) of other modules: it must "
+                "pop tokens from the load and store modules so that it runs last"
+            )
         unused = {q: len(t) for q, t in tokens.items() if t}
         if unused:
-            raise StreamError(f"tokens left over when the stream finished: {unused}; VTA requires every pushed token "
-                              "to be popped")
+            raise StreamError(
+                f"tokens left over when the stream finished: {unused}; VTA requires every pushed token to be popped"
+            )
         return stats
 
     def _check_flags(self, k: int, insn: Insn) -> None:
         core = core_of(insn)
         for f in ("pop_prev", "pop_next", "push_prev", "push_next"):
             if getattr(insn.deps, f) and (core, f) not in _TOKENS:
-                raise StreamError(f"instruction {k} ({_describe(insn)}) sets {f}, which the {core.name.lower()} "
-                                  "module does not have")
+                raise StreamError(
+                    f"instruction {k} ({_describe(insn)}) sets {f}, which the {core.name.lower()} module does not have"
+                )
 
     def _deadlock(self, queues, tokens, insns) -> str:
         waits = []
@@ -247,8 +261,10 @@ class Simulator:
             if q:
                 k, insn = q[0]
                 need = [_TOKENS[core, f] for f in ("pop_prev", "pop_next") if getattr(insn.deps, f)]
-                waits.append(f"{core.name.lower()} at instruction {k} ({_describe(insn)}) waits for a "
-                             f"{' and a '.join(t for t in need if not tokens[t])} token")
+                waits.append(
+                    f"{core.name.lower()} at instruction {k} ({_describe(insn)}) waits for a "
+                    f"{' and a '.join(t for t in need if not tokens[t])} token"
+                )
         counts = ", ".join(f"{q}={len(t)}" for q, t in tokens.items())
         return "deadlock: " + "; ".join(waits) + f" (tokens: {counts}); no module can run its next instruction"
 
@@ -288,32 +304,38 @@ class Simulator:
         yt = insn.y_pad_0 + insn.y_size + insn.y_pad_1
         depth = len(self.valid[name])
         if insn.sram_base + xt * yt > depth:
-            raise StreamError(f"instruction {k} ({_describe(insn)}) writes {name} entries {insn.sram_base}.."
-                              f"{insn.sram_base + xt * yt - 1}, past the buffer's {depth}")
+            raise StreamError(
+                f"instruction {k} ({_describe(insn)}) writes {name} entries {insn.sram_base}.."
+                f"{insn.sram_base + xt * yt - 1}, past the buffer's {depth}"
+            )
         eb = self.elem_bytes[insn.memory_type]
         rows = insn.dram_base + np.arange(insn.y_size)[:, None] * insn.x_stride + np.arange(insn.x_size)[None, :]
         lo, hi = int(rows.min()) * eb, (int(rows.max()) + 1) * eb
         if hi > dram.data.size:
-            raise StreamError(f"instruction {k} ({_describe(insn)}) reads DRAM bytes up to {hi}, past its {dram.data.size}")
+            raise StreamError(
+                f"instruction {k} ({_describe(insn)}) reads DRAM bytes up to {hi}, past its {dram.data.size}"
+            )
         if insn.memory_type == Mem.UOP:
-            words = dram.data[lo: hi].view("<u4")[(rows - insn.dram_base).ravel()]
+            words = dram.data[lo:hi].view("<u4")[(rows - insn.dram_base).ravel()]
             block = np.zeros((yt, xt), np.int64)
-            block[insn.y_pad_0: insn.y_pad_0 + insn.y_size, insn.x_pad_0: insn.x_pad_0 + insn.x_size] = \
-                words.reshape(insn.y_size, insn.x_size)
+            block[insn.y_pad_0 : insn.y_pad_0 + insn.y_size, insn.x_pad_0 : insn.x_pad_0 + insn.x_size] = words.reshape(
+                insn.y_size, insn.x_size
+            )
             for row, arr in zip(self.uop, decode_uops(block.ravel(), self.layout)):
-                row[insn.sram_base: insn.sram_base + xt * yt] = arr
+                row[insn.sram_base : insn.sram_base + xt * yt] = arr
             self._index_cache.clear()  # instructions now index other micro-ops
             self._checked.clear()
         else:
             target = getattr(self, name)
             shape = target.shape[1:]
             dtype = np.int8 if insn.memory_type in (Mem.INP, Mem.WGT, Mem.ACC_8BIT) else np.int32
-            data = dram.data[: hi].view(dtype).reshape(-1, *shape)[rows.ravel()]
+            data = dram.data[:hi].view(dtype).reshape(-1, *shape)[rows.ravel()]
             block = np.zeros((yt, xt, *shape), target.dtype)
-            block[insn.y_pad_0: insn.y_pad_0 + insn.y_size, insn.x_pad_0: insn.x_pad_0 + insn.x_size] = \
-                data.reshape(insn.y_size, insn.x_size, *shape)
-            target[insn.sram_base: insn.sram_base + xt * yt] = block.reshape(-1, *shape)
-        self.valid[name][insn.sram_base: insn.sram_base + xt * yt] = True
+            block[insn.y_pad_0 : insn.y_pad_0 + insn.y_size, insn.x_pad_0 : insn.x_pad_0 + insn.x_size] = data.reshape(
+                insn.y_size, insn.x_size, *shape
+            )
+            target[insn.sram_base : insn.sram_base + xt * yt] = block.reshape(-1, *shape)
+        self.valid[name][insn.sram_base : insn.sram_base + xt * yt] = True
         return insn.y_size * insn.x_size * eb, xt * yt - insn.x_size * insn.y_size
 
     def _store(self, k: int, insn: MemInsn, dram: Dram) -> int:
@@ -329,9 +351,10 @@ class Simulator:
         rows = insn.dram_base + np.arange(insn.y_size)[:, None] * insn.x_stride + np.arange(insn.x_size)[None, :]
         hi = (int(rows.max()) + 1) * eb
         if hi > dram.data.size:
-            raise StreamError(f"instruction {k} ({_describe(insn)}) writes DRAM bytes up to {hi}, past its "
-                              f"{dram.data.size}")
-        view = dram.data[: hi].view(np.int8).reshape(-1, *self.acc.shape[1:])
+            raise StreamError(
+                f"instruction {k} ({_describe(insn)}) writes DRAM bytes up to {hi}, past its {dram.data.size}"
+            )
+        view = dram.data[:hi].view(np.int8).reshape(-1, *self.acc.shape[1:])
         view[rows.ravel()] = out
         return n * eb
 
@@ -345,10 +368,12 @@ class Simulator:
 
     def _compute_indices(self, insn: GemmInsn | AluInsn, k: int) -> tuple[np.ndarray, ...]:
         if not 0 <= insn.uop_bgn <= insn.uop_end <= self.uop.shape[1]:
-            raise StreamError(f"instruction {k} ({_describe(insn)}): micro-ops [{insn.uop_bgn}, {insn.uop_end}) "
-                              f"are not in the buffer of {self.uop.shape[1]}")
+            raise StreamError(
+                f"instruction {k} ({_describe(insn)}): micro-ops [{insn.uop_bgn}, {insn.uop_end}) "
+                f"are not in the buffer of {self.uop.shape[1]}"
+            )
         self._require(k, insn, "uop", np.arange(insn.uop_bgn, insn.uop_end))
-        dst, src, wgt = self.uop[:, insn.uop_bgn: insn.uop_end]
+        dst, src, wgt = self.uop[:, insn.uop_bgn : insn.uop_end]
         y = np.arange(insn.iter_out)[:, None, None]
         x = np.arange(insn.iter_in)[None, :, None]
 
@@ -369,18 +394,24 @@ class Simulator:
         self._checked.add(key)
         valid = self.valid[name]
         if idx.size and int(idx.max()) >= len(valid):
-            raise StreamError(f"instruction {k} ({_describe(insn)}) reads {name} entry {int(idx.max())}, past the "
-                              f"buffer's {len(valid)}")
+            raise StreamError(
+                f"instruction {k} ({_describe(insn)}) reads {name} entry {int(idx.max())}, past the "
+                f"buffer's {len(valid)}"
+            )
         bad = idx[~valid[idx]]
         if bad.size:
-            raise StreamError(f"instruction {k} ({_describe(insn)}) reads {name} entry {int(bad[0])} before anything "
-                              "was loaded or computed there (a missing LOAD, or a dependency token it did not wait for)")
+            raise StreamError(
+                f"instruction {k} ({_describe(insn)}) reads {name} entry {int(bad[0])} before anything "
+                "was loaded or computed there (a missing LOAD, or a dependency token it did not wait for)"
+            )
 
     def _gemm(self, k: int, insn: GemmInsn) -> int:
         dst, src, wgt = self._indices(insn, k)
         if dst.size and int(dst.max()) >= len(self.acc):
-            raise StreamError(f"instruction {k} ({_describe(insn)}) writes acc entry {int(dst.max())}, past the "
-                              f"buffer's {len(self.acc)}")
+            raise StreamError(
+                f"instruction {k} ({_describe(insn)}) writes acc entry {int(dst.max())}, past the "
+                f"buffer's {len(self.acc)}"
+            )
         if insn.reset:
             self.acc[dst] = 0
             self.valid["acc"][dst] = True
@@ -418,7 +449,9 @@ class Simulator:
         self._require(k, insn, "acc", src)
         if not self.functional:
             return dst.size
-        if len(np.unique(dst)) == dst.size and (insn.use_imm or not np.isin(src, dst).any() or np.array_equal(src, dst)):
+        if len(np.unique(dst)) == dst.size and (
+            insn.use_imm or not np.isin(src, dst).any() or np.array_equal(src, dst)
+        ):
             self.acc[dst] = self._alu_op(insn, self.acc[dst], self.acc[src])
         else:  # a later iteration reads what an earlier one wrote: in VTA's order, one at a time
             for d, s in zip(dst, src):

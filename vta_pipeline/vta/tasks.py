@@ -30,9 +30,16 @@ TASKS_FILE = "vta_tasks.json"
 def epilogue_structure(epi: Epilogue) -> Epilogue:
     """The epilogue with every number that costs no cycle made canonical."""
     rs = epi.residual_shift
-    return Epilogue(bias=epi.bias, residual_shift=None if rs is None else (rs > 0) - (rs < 0),
-                    round_add=int(bool(epi.round_add)), shift=int(bool(epi.shift)), clip_min=-127, clip_max=127,
-                    post_round_add=int(bool(epi.post_round_add)), post_shift=int(bool(epi.post_shift)))
+    return Epilogue(
+        bias=epi.bias,
+        residual_shift=None if rs is None else (rs > 0) - (rs < 0),
+        round_add=int(bool(epi.round_add)),
+        shift=int(bool(epi.shift)),
+        clip_min=-127,
+        clip_max=127,
+        post_round_add=int(bool(epi.post_round_add)),
+        post_shift=int(bool(epi.post_shift)),
+    )
 
 
 @dataclass(frozen=True)
@@ -51,17 +58,25 @@ class VtaTask:
     @property
     def name(self) -> str:
         w = self.workload
-        extras = "".join(c for c, on in (("b", self.epilogue.bias), ("r", self.epilogue.residual_shift is not None))
-                         if on)
-        return (f"vta_conv2d_{w.height}x{w.width}_{w.in_filter}_{w.out_filter}_k{w.kh}x{w.kw}"
-                f"_s{w.stride_h}{'_' + extras if extras else ''}")
+        extras = "".join(
+            c for c, on in (("b", self.epilogue.bias), ("r", self.epilogue.residual_shift is not None)) if on
+        )
+        return (
+            f"vta_conv2d_{w.height}x{w.width}_{w.in_filter}_{w.out_filter}_k{w.kh}x{w.kw}"
+            f"_s{w.stride_h}{'_' + extras if extras else ''}"
+        )
 
     def ops(self) -> int:
         return self.workload.ops()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "key": self.key, "workload": asdict(self.workload),
-                "epilogue": asdict(self.epilogue), "count": self.count}
+        return {
+            "name": self.name,
+            "key": self.key,
+            "workload": asdict(self.workload),
+            "epilogue": asdict(self.epilogue),
+            "count": self.count,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> VtaTask:
@@ -98,8 +113,12 @@ def with_knobs(mod: tvm.IRModule, knobs: dict[str, Knobs]) -> tuple[tvm.IRModule
         def visit_call_(self, call: relax.Call) -> relax.Expr:
             nonlocal changed
             call = super().visit_call_(call)
-            if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.call_dps_packed"
-                    and isinstance(call.args[0], relax.ExternFunc) and call.args[0].global_symbol == CONV2D):
+            if not (
+                isinstance(call.op, tvm.ir.Op)
+                and call.op.name == "relax.call_dps_packed"
+                and isinstance(call.args[0], relax.ExternFunc)
+                and call.args[0].global_symbol == CONV2D
+            ):
                 return call
             *tensors, spec_imm = call.args[1].fields
             spec = ConvSpec.from_json(str(spec_imm.value))

@@ -72,17 +72,37 @@ def features(k: Knobs, wl: ConvWorkload, cfg: VTAConfig, epi: Epilogue) -> list[
     g = check(wl, k, epi, cfg)
     tiles = (g.cob // k.tile_co) * (g.oh // k.tile_h) * (g.ow // k.tile_w)
     steps = g.cib // k.tile_ci
-    return [math.log2(k.tile_h), math.log2(k.tile_w), math.log2(k.tile_ci), math.log2(k.tile_co),
-            k.h_nthread, k.oc_nthread, g.inp_entries * g.threads / 2048, g.wgt_entries * g.threads / 1024,
-            g.acc_entries * g.threads / 2048, math.log2(tiles), math.log2(tiles * steps),
-            math.log2(k.tile_ci * wl.kh * wl.kw * k.tile_w), math.log2(g.ih * g.iw * k.tile_ci)]
+    return [
+        math.log2(k.tile_h),
+        math.log2(k.tile_w),
+        math.log2(k.tile_ci),
+        math.log2(k.tile_co),
+        k.h_nthread,
+        k.oc_nthread,
+        g.inp_entries * g.threads / 2048,
+        g.wgt_entries * g.threads / 1024,
+        g.acc_entries * g.threads / 2048,
+        math.log2(tiles),
+        math.log2(tiles * steps),
+        math.log2(k.tile_ci * wl.kh * wl.kw * k.tile_w),
+        math.log2(g.ih * g.iw * k.tile_ci),
+    ]
 
 
 class KnobTuner:
     """Tune one conv workload's knobs into `work_dir` (see the module doc)."""
 
-    def __init__(self, wl: ConvWorkload, epi: Epilogue, cfg: VTAConfig, work_dir: Path, measure: Measure,
-                 strategy: str = "xgb", seed: int = 0, batch: int = 8):
+    def __init__(
+        self,
+        wl: ConvWorkload,
+        epi: Epilogue,
+        cfg: VTAConfig,
+        work_dir: Path,
+        measure: Measure,
+        strategy: str = "xgb",
+        seed: int = 0,
+        batch: int = 8,
+    ):
         if strategy not in STRATEGIES:
             raise ValueError(f"knob search strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
         self.wl, self.epi, self.cfg, self.work_dir = wl, epi, cfg, Path(work_dir)
@@ -114,8 +134,12 @@ class KnobTuner:
         return json.loads(p.read_text())["ms"]
 
     # ---- the search --------------------------------------------------------------------------------
-    def tune(self, trials: int, early_stopping: int | None = None,
-             progress: Callable[[int, int, float | None], None] | None = None) -> tuple[Knobs, float] | None:
+    def tune(
+        self,
+        trials: int,
+        early_stopping: int | None = None,
+        progress: Callable[[int, int, float | None], None] | None = None,
+    ) -> tuple[Knobs, float] | None:
         """Measure until the task has `trials` measurements (counting earlier runs'), the space is
         exhausted, or `early_stopping` trials brought no improvement."""
         trial_log.write_state(self.work_dir, status="tuning", trials=trials, strategy=self.strategy)
@@ -123,22 +147,40 @@ class KnobTuner:
             done = self.trials()
             lats = [r["latency_ms"] for r in done if r.get("latency_ms") is not None]
             since = _since_best([r.get("latency_ms") for r in done])
-            if len(done) >= trials or len(done) >= len(self.space) or (
-                    early_stopping is not None and lats and since >= early_stopping):
+            if (
+                len(done) >= trials
+                or len(done) >= len(self.space)
+                or (early_stopping is not None and lats and since >= early_stopping)
+            ):
                 break
             batch = self._propose(min(self.batch, trials - len(done)), done)
             if not batch:
                 break
             results = self.measure(batch)
-            rows = [{"knobs": k.to_dict(), "cycles": m.cycles, "latency_ms": m.ms, "error": m.error,
-                     "strategy": self.strategy, "time": time.time()} for k, m in zip(batch, results)]
+            rows = [
+                {
+                    "knobs": k.to_dict(),
+                    "cycles": m.cycles,
+                    "latency_ms": m.ms,
+                    "error": m.error,
+                    "strategy": self.strategy,
+                    "time": time.time(),
+                }
+                for k, m in zip(batch, results)
+            ]
             trial_log.append_trials(self.work_dir, rows)
             if progress:
                 b = self.best()
                 progress(len(done) + len(rows), trials, b[1] if b else None)
         best = self.best()
-        trial_log.write_state(self.work_dir, status="finished", trials=trials, strategy=self.strategy,
-                              measured=len(self.trials()), best_ms=best[1] if best else None)
+        trial_log.write_state(
+            self.work_dir,
+            status="finished",
+            trials=trials,
+            strategy=self.strategy,
+            measured=len(self.trials()),
+            best_ms=best[1] if best else None,
+        )
         return best
 
     def _propose(self, n: int, done: list[dict[str, Any]]) -> list[Knobs]:
