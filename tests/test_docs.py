@@ -169,6 +169,16 @@ def test_the_docs_index_links_every_page_in_docs():
     assert not missing, f"docs/index.md does not list {missing}"
 
 
+def test_the_architecture_pages_package_tree_is_the_code_as_it_is():
+    spec = importlib.util.spec_from_file_location("gen_package_tree", DOCS / "gen_package_tree.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert gen.BEGIN in (DOCS / "architecture.md").read_text(), "docs/architecture.md lost its package tree markers"
+    assert (DOCS / "architecture.md").read_text() == gen.render(), (
+        "docs/architecture.md's package tree is stale: run `uv run python docs/gen_package_tree.py`"
+    )
+
+
 def test_the_configuration_reference_is_generated_from_the_config_models():
     spec = importlib.util.spec_from_file_location("gen_config_reference", DOCS / "gen_config_reference.py")
     gen = importlib.util.module_from_spec(spec)
