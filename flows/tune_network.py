@@ -43,6 +43,7 @@ from vta_pipeline.store import ArtifactStore, CachePolicy
 from vta_pipeline.targets import resolve_target
 from vta_pipeline.tuning_rounds import TuningRounds
 from vta_pipeline.vta import tasks as vta_tasks_mod
+from vta_pipeline.work_dir import WorkDir
 
 # Prefect forwards the loggers named in PREFECT_LOGGING_EXTRA_LOGGERS to the run's logs (the
 # deployment names "vta_pipeline,tvm", the CLI "vta_pipeline"), but only records at or above
@@ -333,4 +334,4 @@ def _tune_network(
 
 
 def _summary(store: ArtifactStore, ref: dict[str, str]) -> dict[str, Any]:
-    return json.loads((store.root / "steps" / "tune" / ref["key"] / "summary.json").read_text())
+    return json.loads((store.root / "steps" / "tune" / ref["key"] / WorkDir.SUMMARY).read_text())

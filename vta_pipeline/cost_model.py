@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .work_dir import WorkDir
+
 log = logging.getLogger(__name__)
 
 WARMUP_SAMPLES = 32
@@ -42,8 +44,8 @@ store's tasks 32 measurements are a few tasks' worth, and the XGBoost objective 
 schedules within a workload (cost relative to the workload's best), which it learns from
 few samples per workload."""
 
-RECORDS = "database_tuning_record.json"
-WORKLOADS = "database_workload.json"
+RECORDS = WorkDir.RECORDS
+WORKLOADS = WorkDir.WORKLOADS
 
 
 @dataclass

@@ -37,6 +37,7 @@ from filelock import FileLock
 
 from . import variant, workload_keys
 from .store import durable_replace
+from .work_dir import WorkDir
 
 MEASUREMENTS = "measurements"
 EVALUATIONS = "evaluations"
@@ -206,8 +207,8 @@ def _ts(seconds: float | None):
 
 def measurement_rows(run: dict[str, Any], tune_dir: Path) -> list[dict[str, Any]]:
     """Rows for every measurement in one tune artifact's trial log."""
-    summary = json.loads((Path(tune_dir) / "summary.json").read_text())
-    log = Path(tune_dir) / "trials.jsonl"
+    summary = json.loads((Path(tune_dir) / WorkDir.SUMMARY).read_text())
+    log = Path(tune_dir) / WorkDir.TRIALS
     flops = summary.get("flops") or 0.0
     rows = []
     for line in log.read_text().splitlines() if log.exists() else []:

@@ -18,6 +18,7 @@ from typing import Any
 
 from . import retime
 from .task_database import open_database
+from .work_dir import WorkDir
 
 STEP = "pick_best"
 VERSION = 3  # 3: a task's re-timed winner (retime.py) in place of its recorded best
@@ -36,7 +37,7 @@ def pick_best(tune_dirs: list[Path], out_dir: Path) -> dict[str, Any]:
     merged = open_database(out_dir)
     summary = []
     for d in tune_dirs:
-        s = json.loads((Path(d) / "summary.json").read_text())
+        s = json.loads((Path(d) / WorkDir.SUMMARY).read_text())
         s["uses"] = "default" if keeps_default(s) else "tuned"
         if s["uses"] == "tuned":
             db = open_db(d)

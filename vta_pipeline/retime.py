@@ -46,17 +46,18 @@ from .config import MeasureConfig
 from .store import atomic_write_text, read_json
 from .task_database import open_database, plain_json
 from .trial_log import fastest_secs, mean_secs
+from .work_dir import WorkDir
 
 log = logging.getLogger("vta_pipeline")
 
-RETIMED = "retimed.json"
+RETIMED = WorkDir.RETIMED
 FLUSHED_REPEATS = 10  # runs of a candidate per round with flushed caches: one run each, so more of them
 
 
 def record_count(db_dir: Path) -> int:
     """Records in a task database's directory (lines of its record file): a re-time is of the
     records there were when it ran."""
-    p = Path(db_dir) / "database_tuning_record.json"
+    p = Path(db_dir) / WorkDir.RECORDS
     return sum(1 for line in p.read_text().splitlines() if line.strip()) if p.exists() else 0
 
 

@@ -39,6 +39,7 @@ from .hashing import sha256_file, sha256_json
 from .store import Artifact, ArtifactStore
 from .targets import ResolvedTarget
 from .vta_config import VTAConfig
+from .work_dir import WorkDir
 
 
 # ---- checks before any work ------------------------------------------------------------------
@@ -346,13 +347,13 @@ def tune_step(
             cross_compiler=target.cross_compiler,
             library=library,
         )
-        names = ["database_workload.json", "database_tuning_record.json", "trials.jsonl"]
+        names = [WorkDir.WORKLOADS, WorkDir.RECORDS, WorkDir.TRIALS]
         if outcome.retimed:  # pick best builds with its winner
             names.append(retime.RETIMED)
         for name in names:
             if (work / name).exists():
                 shutil.copy2(work / name, out / name)
-        (out / "summary.json").write_text(json.dumps(outcome.to_dict(), indent=1))
+        (out / WorkDir.SUMMARY).write_text(json.dumps(outcome.to_dict(), indent=1))
         return {k: v for k, v in outcome.to_dict().items() if k != "curve"}
 
     return store.produce(
@@ -427,8 +428,8 @@ def vta_tune_step(
         default_ms = tuner.default_ms()
         best = tuner.tune(tune.trials_per_task, tune.early_stopping, progress)
         if best is None:
-            raise RuntimeError(f"VTA task {task.name}: no knob config ran on the board (see {work / 'trials.jsonl'})")
-        shutil.copy2(work / "trials.jsonl", out / "trials.jsonl")
+            raise RuntimeError(f"VTA task {task.name}: no knob config ran on the board (see {work / WorkDir.TRIALS})")
+        shutil.copy2(work / WorkDir.TRIALS, out / WorkDir.TRIALS)
         summary = {
             "task": task.name,
             "key": task.key,
@@ -441,7 +442,7 @@ def vta_tune_step(
             "trials": len(tuner.trials()),
             "ops": task.ops(),
         }
-        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        (out / WorkDir.SUMMARY).write_text(json.dumps(summary, indent=1))
         return summary
 
     return store.produce(VTA_TUNE_STEP, key, compute, inputs=inputs, config=config)
@@ -504,7 +505,7 @@ def build_step(
     key = build_key(store, extracted.id, best_id, target, vta_ids)
     knobs = {}
     for a in vta_tuned or []:
-        summary = json.loads((a.path / "summary.json").read_text())
+        summary = json.loads((a.path / WorkDir.SUMMARY).read_text())
         knobs[summary["key"]] = summary["best_knobs"]
     return store.produce(
         build_mod.STEP,

@@ -17,6 +17,7 @@ from typing import Any
 from . import int8_dot
 from .store import atomic_write_text, read_json
 from .trial_log import read_trials
+from .work_dir import WorkDir
 from .workload_keys import HASH_MASK  # schedule hashes as unsigned 64-bit, as the trial log writes them
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ def set_aside_unreplayable(work_dir: Path) -> int:
     rest; returns how many were set aside (0: the database's trouble is elsewhere)."""
     from tvm.s_tir import meta_schedule as ms
 
-    rec_path, wl_path = work_dir / "database_tuning_record.json", work_dir / "database_workload.json"
+    rec_path, wl_path = work_dir / WorkDir.RECORDS, work_dir / WorkDir.WORKLOADS
     if not rec_path.exists() or not wl_path.exists():
         return 0
     workloads = read_workloads(wl_path)
@@ -163,8 +164,8 @@ def repair_database(work_dir: Path) -> list[str]:
     Returns one message per file repaired (file name and line numbers); the bad lines are
     appended to `<file>.corrupt` so nothing is thrown away."""
     msgs = []
-    wl_path = Path(work_dir) / "database_workload.json"
-    rec_path = Path(work_dir) / "database_tuning_record.json"
+    wl_path = Path(work_dir) / WorkDir.WORKLOADS
+    rec_path = Path(work_dir) / WorkDir.RECORDS
     n_workloads = 0
     for path, check in ((wl_path, _valid_workload_line), (rec_path, None)):
         if not path.exists():
@@ -225,7 +226,7 @@ def known_hashes(db, workload_mod, work_dir: Path) -> set[int]:
     from tvm_ffi import structural_hash
 
     out = {int(r["schedule_hash"], 16) for r in read_trials(work_dir) if r.get("schedule_hash")}
-    warm = Path(work_dir) / "warm_start.json"
+    warm = Path(work_dir) / WorkDir.WARM_START
     if warm.exists():  # the seeds as they were measured in their own sessions
         out |= {int(h, 16) for h in (read_json(warm, {}) or {}).get("schedule_hashes", []) if h}
     for rec in _records(db):

@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from .store import atomic_write_text, fsync_dir, read_json
+from .work_dir import WorkDir
 
 FAILED = 1e10  # what MetaSchedule stores as the latency (s) of a failed measurement
-TRIALS = "trials.jsonl"
+TRIALS = WorkDir.TRIALS
 _log = logging.getLogger(__name__)
 
 
@@ -121,12 +122,12 @@ def append_trials(work_dir: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def write_state(work_dir: Path, **state: Any) -> None:
-    atomic_write_text(Path(work_dir) / "state.json", json.dumps(dict(state, updated=time.time()), indent=1))
+    atomic_write_text(Path(work_dir) / WorkDir.STATE, json.dumps(dict(state, updated=time.time()), indent=1))
 
 
 def read_state(work_dir: Path) -> dict[str, Any]:
     """The task's state note; a torn one reads as none (the trial log says how far it got)."""
-    return read_json(Path(work_dir) / "state.json", {}) or {}
+    return read_json(Path(work_dir) / WorkDir.STATE, {}) or {}
 
 
 def _secs(run_secs) -> list[float]:
@@ -190,5 +191,5 @@ def last_threads(work_dir: Path) -> int | None:
 
 def read_default_ms(work_dir: Path) -> float | None:
     """The task's default (untuned) lowering as measured on the board, once per work dir."""
-    secs = (read_json(Path(work_dir) / "default.json", {}) or {}).get("seconds")
+    secs = (read_json(Path(work_dir) / WorkDir.DEFAULT, {}) or {}).get("seconds")
     return secs * 1e3 if secs is not None else None

@@ -42,6 +42,7 @@ from .spaces import upgrade as space_upgrade
 from .store import atomic_write_text, read_json
 from .task_database import known_hashes, open_database, repair_database, seed_database
 from .trial_log import FAILED, history, last_threads, mean_secs, read_default_ms, read_state, read_trials, write_state
+from .work_dir import WorkDir
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +177,7 @@ def genetic_iters(round_size: int) -> int:
     return 2 if round_size <= 4 else 4
 
 
-LIBRARY_SEEDS = "library_seeds.json"  # a work dir's records-library seeds, measured first
+LIBRARY_SEEDS = WorkDir.LIBRARY_SEEDS  # a work dir's records-library seeds, measured first
 MAX_ROUNDS = 4  # rounds to make up for failed measurements before giving up on the budget
 
 
@@ -264,7 +265,7 @@ def _searched_in(work_dir: Path, workload_mod, target, space: str) -> str | None
         return space
     if "space" in state:
         return state["space"]
-    best = space_upgrade.best_records(work_dir / "database_tuning_record.json", 1)
+    best = space_upgrade.best_records(work_dir / WorkDir.RECORDS, 1)
     if not best or not space.startswith("packed-conv"):
         return space
     current, _ = space_upgrade.upgrade_records(best, workload_mod, target, spaces.design_space(target, workload_mod))
@@ -274,7 +275,7 @@ def _searched_in(work_dir: Path, workload_mod, target, space: str) -> str | None
 def _fresh(work_dir: Path) -> bool:
     """Whether a work dir starts its first search now: a started one was seeded (or staged)
     already, or tuned without seeds, and is never seeded again."""
-    return not read_state(work_dir) and not (work_dir / "warm_start.json").exists()
+    return not read_state(work_dir) and not (work_dir / WorkDir.WARM_START).exists()
 
 
 def _warm_start(
@@ -302,7 +303,7 @@ def _warm_start(
             ),
         )
     atomic_write_text(
-        work_dir / "warm_start.json",
+        work_dir / WorkDir.WARM_START,
         json.dumps(
             {
                 "seeded": seeded,
@@ -341,7 +342,7 @@ def _stage_library(
     records = current + upgraded
     atomic_write_text(work_dir / LIBRARY_SEEDS, json.dumps({"records": records, "provenance": note}))
     atomic_write_text(
-        work_dir / "warm_start.json", json.dumps({"seeded": 0, "library": dict(note, records=len(records))})
+        work_dir / WorkDir.WARM_START, json.dumps({"seeded": 0, "library": dict(note, records=len(records))})
     )
     log.info(
         "task %s: %d record(s) of the records library (%s, commit %s) are measured first",
@@ -606,7 +607,7 @@ def _measure_after_search(
 
     After the search, not before it: a board that dies or hangs is then already out of the
     tracker's rotation, and the trial log stays exactly what the search measured."""
-    if measures_default(target) and not (work_dir / "default.json").exists() and _boards_left(board):
+    if measures_default(target) and not (work_dir / WorkDir.DEFAULT).exists() and _boards_left(board):
         _default_latency(work_dir, task_name, workload_mod, target, board, measure, tune, cross_compiler)
     if tune.retime_top > 1 and _boards_left(board):
         retime.retime_top(
@@ -653,7 +654,7 @@ def _outcome(
         if reached is None and previous_best_ms is not None and b * 1e3 <= previous_best_ms:
             reached = i
     valid = sum(v < FAILED for v in lats)
-    warm = read_json(work_dir / "warm_start.json", {}) or {}
+    warm = read_json(work_dir / WorkDir.WARM_START, {}) or {}
     seeded_best = warm.get("previous_best_ms") if warm.get("seeded") else None
     # The session's database holds its seeds too, and the build takes its best record: report that.
     best_ms = min(
@@ -752,7 +753,7 @@ def _default_latency(
     work_dir: Path, task_name: str, workload_mod, target, board, measure, tune, cross_compiler: str | None = None
 ) -> float | None:
     """measure_default once per work dir (kept in default.json: a resumed task reuses it)."""
-    p = work_dir / "default.json"
+    p = work_dir / WorkDir.DEFAULT
     secs, why = measure_default(workload_mod, target, board, measure, tune.builder_timeout_s, cross_compiler)
     if secs is None:
         log.warning("task %s: could not measure its default lowering (%s); tuned records will be used", task_name, why)

@@ -29,6 +29,7 @@ from typing import Any
 
 from .store import atomic_write_text
 from .trial_log import read_trials
+from .work_dir import WorkDir
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def workload_key(mod) -> str:
 def key_of_work_dir(work_dir: Path) -> str | None:
     """The structural key of the workload a work dir tuned, read from its database, or None
     (no workload committed yet)."""
-    p = Path(work_dir) / "database_workload.json"
+    p = Path(work_dir) / WorkDir.WORKLOADS
     if not p.exists():
         return None
     with open(p) as f:
@@ -107,7 +108,7 @@ def _move(src: Path, dst: Path, tune: Path) -> dict[str, Any]:
     rows = read_trials(src)
     old, _ = _split(src.name)
     if not dst.exists():
-        _write_rows(src / "trials.jsonl", [_mark(r, old, r.get("trial")) for r in rows], rows)
+        _write_rows(src / WorkDir.TRIALS, [_mark(r, old, r.get("trial")) for r in rows], rows)
         os.replace(src, dst)
         return {"how": "renamed", "trials": len(rows)}
     # Two old keys, one workload: append src's records and trials to dst, keep src aside.
@@ -115,8 +116,8 @@ def _move(src: Path, dst: Path, tune: Path) -> dict[str, Any]:
     _merge_database(src, dst)
     start = len(dst_rows)
     merged = [_mark(dict(r, trial=start + i), old, r.get("trial")) for i, r in enumerate(rows)]
-    _write_rows(dst / "trials.jsonl", dst_rows + merged, None)
-    for name in ("default.json", "state.json", "warm_start.json"):
+    _write_rows(dst / WorkDir.TRIALS, dst_rows + merged, None)
+    for name in (WorkDir.DEFAULT, WorkDir.STATE, WorkDir.WARM_START):
         if (src / name).exists() and not (dst / name).exists():
             shutil.copy2(src / name, dst / name)
     aside = tune / MERGED / src.parent.name / src.name
@@ -142,7 +143,7 @@ def _merge_database(src: Path, dst: Path) -> None:
     """Append src's tuning records to dst's MetaSchedule JSON database, workload indices remapped."""
 
     def workloads(d: Path) -> list[str]:
-        p = d / "database_workload.json"
+        p = d / WorkDir.WORKLOADS
         return [ln for ln in p.read_text().splitlines() if ln.strip()] if p.exists() else []
 
     src_wl, dst_wl = workloads(src), workloads(dst)
@@ -154,8 +155,8 @@ def _merge_database(src: Path, dst: Path) -> None:
             dst_index[shash] = len(dst_wl)
             dst_wl.append(ln)
         remap[i] = dst_index[shash]
-    atomic_write_text(dst / "database_workload.json", "".join(ln + "\n" for ln in dst_wl))
-    rec = src / "database_tuning_record.json"
+    atomic_write_text(dst / WorkDir.WORKLOADS, "".join(ln + "\n" for ln in dst_wl))
+    rec = src / WorkDir.RECORDS
     lines = []
     for ln in rec.read_text().splitlines() if rec.exists() else []:
         try:
@@ -164,7 +165,7 @@ def _merge_database(src: Path, dst: Path) -> None:
         except (ValueError, KeyError, TypeError, IndexError):
             continue  # corrupted: task_database.repair_database had set such lines aside already
     if lines:
-        with open(dst / "database_tuning_record.json", "a") as f:
+        with open(dst / WorkDir.RECORDS, "a") as f:
             f.write("".join(ln + "\n" for ln in lines))
 
 

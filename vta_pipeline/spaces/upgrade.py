@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..store import atomic_write_text
+from ..work_dir import WorkDir
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +46,16 @@ KEEP = 8  # a work dir's best records carried into the current space (as many as
 # the files of a task's search in one space; `lock` and `default.json` (the default lowering's
 # latency: no space's) stay
 SEARCH_FILES = (
-    "database_tuning_record.json",
-    "database_workload.json",
+    WorkDir.RECORDS,
+    WorkDir.WORKLOADS,
     "database_tuning_record.json.corrupt",
     "database_workload.json.corrupt",
     "database_tuning_record.json.unreplayable",
-    "trials.jsonl",
-    "retimed.json",
-    "warm_start.json",
-    "library_seeds.json",
-    "state.json",
+    WorkDir.TRIALS,
+    WorkDir.RETIMED,
+    WorkDir.WARM_START,
+    WorkDir.LIBRARY_SEEDS,
+    WorkDir.STATE,
 )
 ARCHIVED = "ARCHIVED"  # written into an archive once every file is in it
 
@@ -269,15 +270,13 @@ def upgrade_work_dir(
             if (work_dir / name).exists():
                 shutil.copy2(work_dir / name, archive / name)
         (archive / ARCHIVED).write_text(json.dumps({"space": old_label}))
-    current, upgraded = upgrade_records(
-        best_records(archive / "database_tuning_record.json", keep), workload_mod, target, space
-    )
+    current, upgraded = upgrade_records(best_records(archive / WorkDir.RECORDS, keep), workload_mod, target, space)
     staged = current + upgraded
     note = {"from": old_label, "archive": archive.name, "records": len(staged), "upgraded": len(upgraded)}
     for name in SEARCH_FILES:
-        if name != "state.json":
+        if name != WorkDir.STATE:
             (work_dir / name).unlink(missing_ok=True)
     atomic_write_text(work_dir / seeds_file, json.dumps({"records": staged, "provenance": {"space_upgrade": note}}))
-    atomic_write_text(work_dir / "warm_start.json", json.dumps({"seeded": 0, "space_upgrade": note}))
-    (work_dir / "state.json").unlink(missing_ok=True)
+    atomic_write_text(work_dir / WorkDir.WARM_START, json.dumps({"seeded": 0, "space_upgrade": note}))
+    (work_dir / WorkDir.STATE).unlink(missing_ok=True)
     return note

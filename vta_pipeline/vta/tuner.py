@@ -30,6 +30,7 @@ import numpy as np
 
 from .. import trial_log
 from ..vta_config import VTAConfig
+from ..work_dir import WorkDir
 from .conv import ConvWorkload, Epilogue, Knobs, check, compile_conv, default_knobs, knob_space
 from .simulator import CycleModel, Dram, Simulator, StreamError
 
@@ -127,7 +128,7 @@ class KnobTuner:
 
     def default_ms(self) -> float | None:
         """The untuned config's latency (AutoTVM's fallback), measured once and kept."""
-        p = self.work_dir / "default.json"
+        p = self.work_dir / WorkDir.DEFAULT
         if not p.exists():
             (m,) = self.measure([default_knobs(self.wl, self.cfg, self.epi)])
             p.write_text(json.dumps({"ms": m.ms, "cycles": m.cycles, "error": m.error}))
