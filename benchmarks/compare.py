@@ -442,12 +442,12 @@ def side_by_side(
     Timed twice: each engine starting right after the other (as until 296fe1f), then each
     after SETTLE_S seconds, once the other's spinning threads have gone to sleep. The
     settled pair is the result; the other stays beside it as `unsettled`."""
-    from vta_pipeline import importers
+    from vta_pipeline import fetch
     from vta_pipeline.build import LIB
 
     evaluation = stored(store, result["tuned"]["evaluation_id"])
     lib = stored(store, evaluation.manifest["inputs"]["lib"]).file(LIB)
-    reference = importers.load_reference(stored(store, evaluation.manifest["inputs"]["reference"]).path)
+    reference = fetch.load_reference(stored(store, evaluation.manifest["inputs"]["reference"]).path)
     per_round = max(3, runs // rounds)
     setup = (lib, reference, result["config"]["evaluate"], board, ref, engine, per_round, rounds)
     quick = in_turn(*setup, settle_s=0.0)
@@ -785,7 +785,7 @@ def bare_loop(
     from vta_pipeline.ms_build import make_builder
     from vta_pipeline.store import ArtifactStore
     from vta_pipeline.targets import resolve_target
-    from vta_pipeline.tuning import genetic_iters, population_size
+    from vta_pipeline.tune import genetic_iters, population_size
 
     st = ArtifactStore(store)
     extracted = st.find("extract")[0]

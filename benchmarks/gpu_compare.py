@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 import compare  # noqa: E402  (benchmarks/compare.py: the CPU benchmark's model and statistics)
 
-from vta_pipeline import boards, importers, machine, steps  # noqa: E402
+from vta_pipeline import boards, fetch, machine, steps  # noqa: E402
 from vta_pipeline import build as build_mod  # noqa: E402
 from vta_pipeline.config import EvalConfig, build_config, parse_hostport  # noqa: E402
 from vta_pipeline.extract import load_tasks, select_tasks  # noqa: E402
@@ -413,7 +413,7 @@ def cross_check(built, fetched, y_torch: np.ndarray | None, device: str, runs: i
     import tvm
     from tvm import relax
 
-    x, y_ref = importers.load_reference(fetched.path)
+    x, y_ref = fetch.load_reference(fetched.path)
     dev = tvm.device(device)
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(built.file(build_mod.LIB))), dev)
     xd = tvm.runtime.tensor(x, dev)

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vta_pipeline import baseline, importers, machine  # noqa: E402
+from vta_pipeline import baseline, fetch, machine  # noqa: E402
 from vta_pipeline.boards import LocalBoard  # noqa: E402
 from vta_pipeline.config import PipelineConfig  # noqa: E402
 
@@ -60,7 +60,7 @@ def main() -> None:
     try:
         for net in args.networks:
             run, lib, fetched = tuned_build(args.store / net)
-            x, y = importers.load_reference(fetched)
+            x, y = fetch.load_reference(fetched)
             with tempfile.TemporaryDirectory() as work:
                 onnx = baseline.onnx_model(PipelineConfig.model_validate(run["config"]), fetched, Path(work))
                 r = baseline.compare(lib, onnx, x, y, (board.host, board.port), board.key, args.threads, args.rounds)

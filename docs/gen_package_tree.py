@@ -63,6 +63,8 @@ def render_tree() -> str:
 def render() -> str:
     """The page with its tree block replaced by the current tree."""
     text = PAGE.read_text()
+    if text.count(BEGIN) != 1 or text.count(END) != 1:
+        raise SystemExit(f"{PAGE.name} must hold the markers {BEGIN!r} and {END!r} once each")
     head, _, rest = text.partition(BEGIN)
     _, _, tail = rest.partition(END)
     return f"{head}{BEGIN}\n{render_tree()}\n{END}{tail}"

@@ -29,7 +29,7 @@ from flows.tune_network import tune_network
 from tasks.dask_runner import with_task_runner
 from vta_pipeline.config import PipelineConfig, build_config
 from vta_pipeline.errors import ConfigError
-from vta_pipeline.importers import check_model
+from vta_pipeline.fetch import check_model
 from vta_pipeline.targets import resolve_target
 
 NIGHT_TIMEOUT_S = 20 * 3600

@@ -38,7 +38,7 @@ from tasks.tune import pick_best, tune_task, tune_vta_task
 from vta_pipeline import boards, cpu_layout, history, report, steps, store_gc
 from vta_pipeline.config import PipelineConfig, parse_hostport
 from vta_pipeline.extract import load_tasks, select_tasks
-from vta_pipeline.importers import check_model
+from vta_pipeline.fetch import check_model
 from vta_pipeline.store import ArtifactStore, CachePolicy
 from vta_pipeline.targets import resolve_target
 from vta_pipeline.tuning_rounds import TuningRounds

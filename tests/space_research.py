@@ -8,7 +8,8 @@ from typing import Any
 
 import tvm
 
-from vta_pipeline import spaces, tuning
+from vta_pipeline import spaces
+from vta_pipeline import tune as tuning
 from vta_pipeline.boards import BoardSpec
 from vta_pipeline.config import MeasureConfig, TuneConfig
 from vta_pipeline.trial_log import read_state, task_work_dir

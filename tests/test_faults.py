@@ -27,7 +27,7 @@ from vta_pipeline.extract import load_tasks
 from vta_pipeline.store import ArtifactStore
 from vta_pipeline.task_database import repair_database
 from vta_pipeline.trial_log import read_trials, task_work_dir
-from vta_pipeline.tuning import TuningAborted, tune_task
+from vta_pipeline.tune import TuningAborted, tune_task
 
 pytestmark = pytest.mark.slow
 FAST = MeasureConfig(number=2, timeout_s=5)

@@ -14,7 +14,8 @@ from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import codegen
 
-from vta_pipeline import emulate, int8_dot, intrin_registry, spaces, tuning
+from vta_pipeline import emulate, int8_dot, intrin_registry, spaces
+from vta_pipeline import tune as tuning
 from vta_pipeline.boards import BoardSpec
 from vta_pipeline.build import LIB, build_network
 from vta_pipeline.config import MeasureConfig, TuneConfig

@@ -16,7 +16,7 @@ from vta_pipeline.evaluate import MIN_REPEAT, evaluate_on_board, plan_timing
 from vta_pipeline.extract import load_tasks
 from vta_pipeline.ms_build import fast_build
 from vta_pipeline.trial_log import read_trials, task_work_dir
-from vta_pipeline.tuning import tune_task
+from vta_pipeline.tune import tune_task
 
 
 def test_timing_plan_runs_a_fast_build_long_enough_and_a_slow_one_within_budget():
@@ -150,7 +150,7 @@ def test_top_candidates_retimed_quietly_agree_with_their_tuning_latency(session_
 
 @pytest.mark.slow
 def test_the_flows_evaluation_agrees_with_a_quiet_retime(micronet, host_target, tmp_path):
-    from vta_pipeline import importers
+    from vta_pipeline import fetch
     from vta_pipeline.store import ArtifactStore, CachePolicy
 
     fetched, extracted = micronet
@@ -167,7 +167,7 @@ def test_the_flows_evaluation_agrees_with_a_quiet_retime(micronet, host_target, 
             ev = steps.evaluate_step(again, lib, fetched, host_target, (b.host, b.port), b.key, EvalConfig())
             quiet = evaluate_on_board(
                 lib.file("model.so"),
-                importers.load_reference(fetched.path),
+                fetch.load_reference(fetched.path),
                 "llvm",
                 (b.host, b.port),
                 b.key,

@@ -18,7 +18,7 @@ from vta_pipeline.extract import load_tasks
 from vta_pipeline.store import ArtifactStore
 from vta_pipeline.targets import resolve_target
 from vta_pipeline.trial_log import read_trials
-from vta_pipeline.tuning import library_candidates
+from vta_pipeline.tune import library_candidates
 
 MEASURE = MeasureConfig(number=2, repeat=1, timeout_s=60)
 CPU = {"cpu": "Test CPU 9000", "isa": ["avx2"]}

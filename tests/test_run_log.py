@@ -15,7 +15,7 @@ def test_warnings_go_to_the_run_log_not_the_console(tmp_path, capfd):
             warnings.simplefilter("always")  # pytest's own filters ignore FutureWarning
             warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated", FutureWarning)
         logging.getLogger("vta_pipeline_details").info("task t: 3 candidate(s) kept plain int8 loops")
-        logging.getLogger("vta_pipeline.tuning").warning("a board under key 'host' did not answer")
+        logging.getLogger("vta_pipeline.tune").warning("a board under key 'host' did not answer")
         for h in logging.getLogger().handlers + logging.getLogger("py.warnings").handlers:
             h.flush()
         text = path.read_text()

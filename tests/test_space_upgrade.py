@@ -27,7 +27,7 @@ from vta_pipeline.spaces import label as space_label
 from vta_pipeline.spaces import packed_conv as packed_conv_space
 from vta_pipeline.spaces import upgrade as space_upgrade
 from vta_pipeline.trial_log import read_state, read_trials, write_state
-from vta_pipeline.tuning import LIBRARY_SEEDS, library_candidates, tune_task
+from vta_pipeline.tune import LIBRARY_SEEDS, library_candidates, tune_task
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "packed_conv_v1_records.json"
 HERE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}
@@ -246,7 +246,7 @@ def test_a_task_tuned_in_version_1_searches_again_from_its_carried_records(v1, b
 def test_a_search_killed_while_tuning_is_judged_by_its_best_record(v1, tmp_path):
     """Before c6da5e7 a state was labelled with its space only once the search finished: a work
     dir killed mid-search says nothing, so its best record tells which space it was in."""
-    from vta_pipeline.tuning import _searched_in
+    from vta_pipeline.tune import _searched_in
 
     target = tvm.target.Target(HERE)
     workload, records = v1["float"]

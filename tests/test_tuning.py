@@ -9,7 +9,7 @@ from vta_pipeline.boards import BoardSpec
 from vta_pipeline.config import MeasureConfig, TuneConfig
 from vta_pipeline.extract import load_tasks
 from vta_pipeline.trial_log import read_state, read_trials, task_work_dir
-from vta_pipeline.tuning import tune_task
+from vta_pipeline.tune import tune_task
 
 MEASURE = MeasureConfig(number=2, repeat=1, timeout_s=60)
 
@@ -96,7 +96,7 @@ def test_pick_best_keeps_the_default_lowering_when_tuning_did_not_beat_it(
 ):
     import shutil
 
-    from vta_pipeline.records import open_db, pick_best
+    from vta_pipeline.pick_best import open_db, pick_best
 
     _, extracted = micronet
     a = steps.tune_step(
@@ -132,7 +132,7 @@ def test_the_best_records_are_retimed_in_turn_and_pick_best_builds_with_the_fast
     import shutil
 
     from vta_pipeline import retime
-    from vta_pipeline.records import open_db, pick_best
+    from vta_pipeline.pick_best import open_db, pick_best
 
     _, extracted = micronet
     task = _conv(extracted, 1)
@@ -263,7 +263,7 @@ def test_a_tasks_default_lowering_is_measured_where_the_build_has_one(target, me
     schedules. Both are measured, so that a task's few trials never make it slower."""
     import tvm
 
-    from vta_pipeline.tuning import measures_default
+    from vta_pipeline.tune import measures_default
 
     assert measures_default(tvm.target.Target(target)) is measured
 
@@ -275,7 +275,7 @@ def test_a_gpu_tasks_default_lowering_is_the_builds_default_gpu_schedule():
     from tvm import te, topi
 
     from vta_pipeline.build import default_gpu_schedules
-    from vta_pipeline.tuning import default_lowering
+    from vta_pipeline.tune import default_lowering
 
     data = te.placeholder((1, 14, 14, 32), name="data")
     weight = te.placeholder((3, 3, 32, 32), name="weight")

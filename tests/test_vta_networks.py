@@ -96,7 +96,7 @@ def _integer_region_is_bit_exact(quantized_dir, packed_dir):
     from int8_nets import build_run
 
     from vta_pipeline import emulate
-    from vta_pipeline.importers import load_module, load_reference
+    from vta_pipeline.fetch import load_module, load_reference
 
     x, _ = load_reference(quantized_dir)
     packed_cut, _ = _input_of_first(load_module(packed_dir), "mean")

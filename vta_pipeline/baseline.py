@@ -73,7 +73,7 @@ def onnx_model(cfg: PipelineConfig, fetched_dir: Path, work: Path) -> Path:
         return fetched_dir / "model.onnx"
     import torch
 
-    from .importers import load_reference, torch_model
+    from .fetch import load_reference, torch_model
 
     x, _ = load_reference(fetched_dir)
     out = work / "model.onnx"

@@ -40,7 +40,7 @@ def layout_config(r: presets.Recipe, target_json: dict[str, Any]) -> dict[str, A
 def layout_model(model_dir: Path, config: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     import tvm
 
-    from .importers import load_module
+    from .fetch import load_module
     from .passes.cpu_layout import LayoutParams, cpu_layout
     from .passes.quantize import fold_batch_norm
 

@@ -175,7 +175,7 @@ def extract_tasks(
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.analysis import estimate_tir_flops
 
-    from .importers import load_module
+    from .fetch import load_module
     from .relax_pipeline import lower_for_tuning
     from .workload_keys import workload_key
 

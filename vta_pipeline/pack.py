@@ -45,7 +45,7 @@ def pack_params(pack: PackConfig, vta: VTAConfig):
 
 def network(model_dir: Path):
     """The network as graph pack sees it: weights bound, batch norm folded."""
-    from .importers import load_module
+    from .fetch import load_module
     from .passes.quantize import fold_batch_norm
 
     return fold_batch_norm(load_module(model_dir))

@@ -89,7 +89,7 @@ def quantize_model(model_dir: Path, cfg: QuantizeConfig, out_dir: Path, seed: in
     import tvm
 
     from . import emulate
-    from .importers import load_module, load_reference
+    from .fetch import load_module, load_reference
     from .passes.graph import op_sequence
     from .passes.quantize import QuantizeParams, fold_batch_norm, quantize
 

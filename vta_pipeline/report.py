@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import variant
-from .records import keeps_default
+from .pick_best import keeps_default
 from .store import ArtifactStore, atomic_write_text
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ through the tuning runner (its deadlines and fault handling), all of them in one
 round, `rounds` rounds: a candidate's time is the fastest repeat of its rounds (a burst on the
 host slows some repeats, a slower schedule every one), and the drift of the host between rounds
 moves every candidate alike. The winner is kept in the work dir
-(`retimed.json`), which `records.pick_best` commits in place of the recorded best. A task
+(`retimed.json`), which `pick_best.pick_best` commits in place of the recorded best. A task
 retimes again only when its records changed (a bigger budget) or the settings did; a kill
 during the retime leaves nothing behind, and the next run does it again.
 

@@ -19,10 +19,12 @@ from . import build as build_mod
 from . import cpu_layout as layout_mod
 from . import evaluate as eval_mod
 from . import extract as extract_mod
-from . import guard, history, importers, records_library, retime, spaces, trial_log, tuning, workload_keys
+from . import fetch as fetch_mod
+from . import guard, history, records_library, retime, spaces, trial_log, workload_keys
 from . import pack as pack_mod
+from . import pick_best as pick_best_mod
 from . import quantize as quantize_mod
-from . import records as records_mod
+from . import tune as tune_mod
 from .boards import BoardSpec
 from .config import (
     EvalConfig,
@@ -105,17 +107,17 @@ def fetch_key(store: ArtifactStore, model: ModelConfig) -> str:
     inputs = {}
     if model.source == "onnx":
         inputs["onnx"] = sha256_file(Path(model.path))  # the file's content, not its name
-        external = importers.onnx_external_files(Path(model.path))
+        external = fetch_mod.onnx_external_files(Path(model.path))
         if external:  # only where there are some: keys of single-file models stay as they were
             inputs["onnx_external_data"] = sha256_json({f.name: sha256_file(f) for f in external})
-    return store.key(importers.STEP, version=importers.VERSION, inputs=inputs, config=model.model_dump(mode="json"))
+    return store.key(fetch_mod.STEP, version=fetch_mod.VERSION, inputs=inputs, config=model.model_dump(mode="json"))
 
 
 def fetch_step(store: ArtifactStore, model: ModelConfig) -> Artifact:
-    importers.check_model(model)
+    fetch_mod.check_model(model)
     key = fetch_key(store, model)
     return store.produce(
-        importers.STEP, key, lambda out: importers.fetch_model(model, out), config=model.model_dump(mode="json")
+        fetch_mod.STEP, key, lambda out: fetch_mod.fetch_model(model, out), config=model.model_dump(mode="json")
     )
 
 
@@ -280,8 +282,8 @@ def tune_key(
     board_key: str,
 ) -> str:
     return store.key(
-        tuning.STEP,
-        version=tuning.VERSION,
+        tune_mod.STEP,
+        version=tune_mod.VERSION,
         inputs={"workload": task.workload_hash, "target": target.id},
         config=_tune_config(tune, measure, board_key),
     )
@@ -330,7 +332,7 @@ def tune_step(
             if tune.warm_start and not seeds
             else None
         )
-        outcome = tuning.tune_task(
+        outcome = tune_mod.tune_task(
             extracted.path / task.file,
             task.name,
             task.flops,
@@ -357,7 +359,7 @@ def tune_step(
         return {k: v for k, v in outcome.to_dict().items() if k != "curve"}
 
     return store.produce(
-        tuning.STEP,
+        tune_mod.STEP,
         key,
         compute,
         inputs={"workload": task.workload_hash, "target": target.id},
@@ -451,8 +453,8 @@ def vta_tune_step(
 # ---- pick best --------------------------------------------------------------------------------
 def pick_best_key(store: ArtifactStore, tuned_ids: list[str], target: ResolvedTarget) -> str:
     return store.key(
-        records_mod.STEP,
-        version=records_mod.VERSION,
+        pick_best_mod.STEP,
+        version=pick_best_mod.VERSION,
         inputs={"tuned": sorted(tuned_ids), "target": target.id},
         config={},
     )
@@ -462,9 +464,9 @@ def pick_best_step(store: ArtifactStore, tuned: list[Artifact], target: Resolved
     ids = [a.id for a in tuned]
     key = pick_best_key(store, ids, target)
     return store.produce(
-        records_mod.STEP,
+        pick_best_mod.STEP,
         key,
-        lambda out: records_mod.pick_best([a.path for a in tuned], out),
+        lambda out: pick_best_mod.pick_best([a.path for a in tuned], out),
         inputs={"tuned": sorted(ids), "target": target.id},
     )
 
@@ -547,7 +549,7 @@ def evaluate_step(
     def compute(out: Path) -> dict[str, Any]:
         ev = eval_mod.evaluate_on_board(
             built.file(build_mod.LIB),
-            importers.load_reference(fetched.path),
+            fetch_mod.load_reference(fetched.path),
             target.kind,
             tracker,
             board_key,
@@ -555,7 +557,7 @@ def evaluate_step(
             cfg.repeat,
             cfg.rtol,
             cfg.atol,
-            float_output=importers.load_float_reference(fetched.path),
+            float_output=fetch_mod.load_float_reference(fetched.path),
             max_seconds=cfg.max_seconds,
             min_repeat_ms=cfg.min_repeat_ms,
             vta=target.offload == "vta",
@@ -592,7 +594,7 @@ def compare_runtime(
     why = baseline.absent_reason(cfg, target)
     if why is not None:
         return {"engine": baseline.INT8_ENGINE if cfg.quantize.enabled else baseline.ENGINE, "absent": why}
-    x, y = importers.load_reference(fetched.path)
+    x, y = fetch_mod.load_reference(fetched.path)
     with tempfile.TemporaryDirectory() as work:
         onnx_path = baseline.onnx_model(cfg, fetched.path, Path(work))
         int8_onnx, int8_absent = None, None
@@ -616,7 +618,7 @@ def compare_runtime(
             cfg.evaluate.compare_rounds,
             cfg.evaluate.min_repeat_ms,
             int8_onnx=int8_onnx,
-            float_reference=importers.load_float_reference(fetched.path),
+            float_reference=fetch_mod.load_float_reference(fetched.path),
             board_timeout_s=cfg.evaluate.board_timeout_s,
         )
     out["int8_run"] = cfg.quantize.enabled
@@ -650,7 +652,7 @@ def regression_verdict(
     if tonight is None or best is None:
         gone = "tonight's build" if tonight is None else f"the build of {verdict.best_night} ({verdict.best_build_id})"
         return replace(verdict, in_turn_error=f"{gone} is no longer in the store {store.root}")
-    x, _ = importers.load_reference(fetched.path)
+    x, _ = fetch_mod.load_reference(fetched.path)
     try:
         ms = eval_mod.time_in_turn(
             [tonight.file(build_mod.LIB), best.file(build_mod.LIB)],

@@ -17,7 +17,7 @@ from vta_pipeline.cli.options import StoreOpt
 
 def models(source: Annotated[str, typer.Option(help="builtin | torchvision | gluon")] = "builtin"):
     """List the model names a source knows."""
-    from vta_pipeline.importers import list_models
+    from vta_pipeline.fetch import list_models
 
     if source not in ("builtin", "torchvision", "gluon"):
         _fail(f"--source {source!r}: use builtin, torchvision or gluon")

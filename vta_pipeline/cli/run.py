@@ -159,7 +159,7 @@ def run(
     """Tune a network end to end (the Prefect flow `tune_network`) and print the result."""
 
     def go():
-        from vta_pipeline.importers import check_model
+        from vta_pipeline.fetch import check_model
         from vta_pipeline.store import CachePolicy, check_store_path
         from vta_pipeline.targets import resolve_target
 

@@ -15,7 +15,7 @@ replays a record's decisions through the current space, each mapped onto the kno
 current choices where its loop changed (a band holds half the rows: a register tile of 2
 rows stays 2 where the band's rows allow it). A latency measured on the old structure says
 little about the new one, so an upgraded record is never trusted with it: it is measured on
-the board first, as the records library's records are (`tuning.library_candidates`).
+the board first, as the records library's records are (`tune.library_candidates`).
 
 `upgrade_work_dir` does this for a task whose work dir was searched in an older version:
 its files are copied into `space-<old label>/` (nothing is thrown away), its best records
@@ -258,7 +258,7 @@ def upgrade_work_dir(
     """Carry a task's work dir searched in the space `old_label` into the current space:
     every file of that search copied into `space-<old label>/`, the `keep` best records
     upgraded into `space` (`upgrade_records`) and staged to be measured first (`seeds_file`:
-    `tuning.LIBRARY_SEEDS`),
+    `tune.LIBRARY_SEEDS`),
     the search files removed, the state last. A kill at any point leaves the old search's
     files whole in the archive or in place, and the next run does it again from the archive.
     Returns the note kept in `warm_start.json`."""

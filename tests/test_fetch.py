@@ -8,7 +8,7 @@ import pytest
 from vta_pipeline import steps
 from vta_pipeline.config import ModelConfig
 from vta_pipeline.errors import ModelError
-from vta_pipeline.importers import check_model, load_module, load_reference
+from vta_pipeline.fetch import check_model, load_module, load_reference
 
 
 def _run_untuned(mod, x):
