@@ -19,6 +19,7 @@ from typing import Any, Callable
 from .progress import publish
 from .task_database import record_json
 from .trial_log import FAILED, append_trials, mean_secs
+from .work_dir import Stopped
 from .workload_keys import HASH_MASK  # schedule hashes as unsigned 64-bit, as the trial log writes them
 
 
@@ -84,13 +85,13 @@ def make_guarded_search(
             for _ in range(4):  # the inner search may propose only known schedules for a while
                 cands = self.inner.generate_measure_candidates()
                 if cands is None:
-                    self.stop_reason = "search-exhausted"
+                    self.stop_reason = Stopped.SEARCH_EXHAUSTED
                     return None
                 fresh = self._fresh(cands)
                 if fresh:
                     return fresh[:room]
                 self.inner.notify_runner_results(cands, [])
-            self.stop_reason = "search-exhausted"
+            self.stop_reason = Stopped.SEARCH_EXHAUSTED
             return None
 
         def _fresh(self, cands) -> list:
@@ -126,9 +127,9 @@ def make_guarded_search(
             if not (hashes and hashes[0] in self.outside):
                 self.inner.notify_runner_results(measure_candidates, results)
             if self.failed_in_row >= fail_fast:
-                self.stop_reason = "all-failed"
+                self.stop_reason = Stopped.ALL_FAILED
             elif early_stopping and self.since_best >= early_stopping and self.best < FAILED:
-                self.stop_reason = "early-stopping"
+                self.stop_reason = Stopped.EARLY_STOPPING
 
         def clone(self):
             return self

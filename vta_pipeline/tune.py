@@ -42,7 +42,7 @@ from .spaces import upgrade as space_upgrade
 from .store import atomic_write_text, read_json
 from .task_database import known_hashes, open_database, repair_database, seed_database
 from .trial_log import FAILED, history, last_threads, mean_secs, read_default_ms, read_state, read_trials, write_state
-from .work_dir import WorkDir
+from .work_dir import Status, Stopped, WorkDir
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class TuneOutcome:
     best_latency_ms: float | None
     best_gflops: float | None
     flops: float
-    stopped: str  # "budget", "early-stopping", "search-exhausted"
+    stopped: str  # a `Stopped`
     curve: list[list[float]] = field(default_factory=list)  # [trial, best ms so far]
     default_ms: float | None = None  # the untuned (default) lowering of the task, on the same board
     session: str | None = None
@@ -232,7 +232,7 @@ def _tune_locked(
     lats, session_best, _ = history(work_dir)
     write_state(
         work_dir,
-        status="finished",
+        status=Status.FINISHED,
         task=task_name,
         budget=tune.trials_per_task,
         done=len(lats),
@@ -397,14 +397,14 @@ def _search(
     old one had not. A round whose measurements failed is made up
     by the next one, at most MAX_ROUNDS in all."""
     state = read_state(work_dir)
-    finished = state.get("status") == "finished"
-    stopped = state.get("stopped", "budget") if finished else "budget"
-    if finished and stopped == "search-exhausted" and state.get("space") != space:
+    finished = state.get("status") == Status.FINISHED
+    stopped = state.get("stopped", Stopped.BUDGET) if finished else Stopped.BUDGET
+    if finished and stopped == Stopped.SEARCH_EXHAUSTED and state.get("space") != space:
         log.info("task %s: exhausted %s, searching %s", task_name, state.get("space", "an earlier space"), space)
-        finished, stopped = False, "budget"
+        finished, stopped = False, Stopped.BUDGET
     if finished and state.get("budget", 0) >= tune.trials_per_task:
         return stopped
-    if finished and stopped == "search-exhausted":  # a bigger budget does not grow the space
+    if finished and stopped == Stopped.SEARCH_EXHAUSTED:  # a bigger budget does not grow the space
         log.info(
             "task %s: its search exhausted %s at %d trials; not searched again", task_name, space, state.get("done", 0)
         )
@@ -417,12 +417,12 @@ def _search(
         if remaining <= 0:
             break
         if tune.early_stopping and best0 < FAILED and since0 >= tune.early_stopping:
-            stopped = "early-stopping"
+            stopped = Stopped.EARLY_STOPPING
             break
         n_boards = _boards_up(board, task_name, valid, tune.trials_per_task)
         write_state(
             work_dir,
-            status="tuning",
+            status=Status.TUNING,
             task=task_name,
             budget=tune.trials_per_task,
             done=len(lats),
@@ -449,13 +449,13 @@ def _search(
             best0=best0,
             since0=since0,
         )
-        if guard.stop_reason == "all-failed":
+        if guard.stop_reason == Stopped.ALL_FAILED:
             _abort(work_dir, task_name, board, tune, guard)
-        if guard.stop_reason in ("early-stopping", "search-exhausted"):
+        if guard.stop_reason in (Stopped.EARLY_STOPPING, Stopped.SEARCH_EXHAUSTED):
             stopped = guard.stop_reason
             break
         if guard.run_valid == 0:  # nothing new could be measured: do not spin
-            stopped = "search-exhausted"
+            stopped = Stopped.SEARCH_EXHAUSTED
             break
     if failures.count:
         _note_tensorize_failures(work_dir, task_name, failures)
@@ -573,7 +573,7 @@ def _abort(work_dir: Path, task_name: str, board: BoardSpec, tune: TuneConfig, g
     valid = sum(v < FAILED for v in lats)
     write_state(
         work_dir,
-        status="failed",
+        status=Status.FAILED,
         task=task_name,
         budget=tune.trials_per_task,
         done=len(lats),

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from . import allocation
+from .work_dir import Stopped
 
 POLL_S = 2.0  # how often a waiting window looks at its futures (and the progress is refreshed)
 
@@ -74,7 +75,7 @@ class TuningRounds:
                         t.name,
                         t.weight,
                         allocation.used_ms(s["best_latency_ms"], s.get("default_ms")),
-                        searchable=s.get("stopped", "budget") == "budget",
+                        searchable=s.get("stopped", Stopped.BUDGET) == Stopped.BUDGET,
                     )
                 )
             self.budgets.update(allocation.allocate(spends, self.trials_per_task))

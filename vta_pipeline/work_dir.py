@@ -1,4 +1,4 @@
-"""A tuning task's work dir: the one place that names the files in it.
+"""A tuning task's work dir: the one place that names the files in it and the states it records.
 
 Every module that reads or writes a work dir (the search, the trial log, re-time, the
 records library's seeds, space upgrades, workload-key migrations, the tune step's artifact)
@@ -8,6 +8,8 @@ strands what the stores hold.
 """
 
 from __future__ import annotations
+
+from enum import StrEnum
 
 
 class WorkDir:
@@ -22,3 +24,20 @@ class WorkDir:
     RECORDS = "database_tuning_record.json"  # MetaSchedule's JSON database: its records...
     WORKLOADS = "database_workload.json"  # ...and its workloads
     SUMMARY = "summary.json"  # a finished task's outcome (in the tune step's artifact)
+
+
+class Status(StrEnum):
+    """A task's `status` in its state file: where its search stands."""
+
+    TUNING = "tuning"  # a search is running or was cut off (resumed by the next run)
+    FINISHED = "finished"  # the search ended (see `Stopped`); a bigger budget may search on
+    FAILED = "failed"  # every measurement failed: the board or the build, not the space
+
+
+class Stopped(StrEnum):
+    """Why a search ended (`stopped` in the state file and the task's outcome), or stops."""
+
+    BUDGET = "budget"  # its trials were spent: a bigger budget searches on
+    EARLY_STOPPING = "early-stopping"  # no better schedule in the last trials (`tune.early_stopping`)
+    SEARCH_EXHAUSTED = "search-exhausted"  # every candidate of the space measured: no budget grows it
+    ALL_FAILED = "all-failed"  # every measurement of a round failed (a search-guard verdict, not a state)

@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import trial_log
 from ..vta_config import VTAConfig
-from ..work_dir import WorkDir
+from ..work_dir import Status, WorkDir
 from .conv import ConvWorkload, Epilogue, Knobs, check, compile_conv, default_knobs, knob_space
 from .simulator import CycleModel, Dram, Simulator, StreamError
 
@@ -143,7 +143,7 @@ class KnobTuner:
     ) -> tuple[Knobs, float] | None:
         """Measure until the task has `trials` measurements (counting earlier runs'), the space is
         exhausted, or `early_stopping` trials brought no improvement."""
-        trial_log.write_state(self.work_dir, status="tuning", trials=trials, strategy=self.strategy)
+        trial_log.write_state(self.work_dir, status=Status.TUNING, trials=trials, strategy=self.strategy)
         while True:
             done = self.trials()
             lats = [r["latency_ms"] for r in done if r.get("latency_ms") is not None]
@@ -176,7 +176,7 @@ class KnobTuner:
         best = self.best()
         trial_log.write_state(
             self.work_dir,
-            status="finished",
+            status=Status.FINISHED,
             trials=trials,
             strategy=self.strategy,
             measured=len(self.trials()),
