@@ -780,9 +780,9 @@ def bare_loop(
 
     from vta_pipeline import intrin_registry, pools
     from vta_pipeline.boards import BoardSpec
+    from vta_pipeline.boards.builder import make_builder
     from vta_pipeline.config import MeasureConfig, TuneConfig, parse_hostport
     from vta_pipeline.extract import load_tasks, select_tasks
-    from vta_pipeline.ms_build import make_builder
     from vta_pipeline.store import ArtifactStore
     from vta_pipeline.targets import resolve_target
     from vta_pipeline.tune import genetic_iters, population_size

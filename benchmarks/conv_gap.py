@@ -107,7 +107,7 @@ class Kernel:
         import tvm
         from tvm.s_tir import meta_schedule as ms
 
-        from vta_pipeline.ms_build import fast_build
+        from vta_pipeline.boards.builder import fast_build
 
         self.lib = fast_build(sch.mod, target, None)
         self.name = sch.mod.get_global_vars()[0].name_hint

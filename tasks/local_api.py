@@ -10,7 +10,7 @@ candidates in flight as failed builds.
 So a command-line run starts a *keeper*, a small process in a session of its own:
 
 1. it starts the API server (uvicorn serving Prefect's app, as Prefect's temporary server
-   does, but watched by the keeper: `vta_pipeline.watchdog`) and gives its URL to the run;
+   does, but watched by the keeper: `vta_pipeline.boards.watchdog`) and gives its URL to the run;
    with PREFECT_API_URL set it uses that server and starts none;
 2. it waits for the run's process to end, however it ends;
 3. the flow runs that process left open (started in the store's events, never ended) it
@@ -146,7 +146,7 @@ def _start_server(parent: int, timeout_s: float, log: logging.Logger) -> tuple[s
             [
                 sys.executable,
                 "-m",
-                "vta_pipeline.watchdog",
+                "vta_pipeline.boards.watchdog",
                 "--watch",
                 str(os.getpid()),
                 "--",

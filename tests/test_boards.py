@@ -147,7 +147,7 @@ def test_a_server_that_never_registers_is_named_when_the_start_times_out(tmp_pat
         )
 
     monkeypatch.setattr(LocalBoard, "add_server", lost_server)
-    monkeypatch.setattr(boards, "PROGRESS_EVERY_S", 2.0)
+    monkeypatch.setattr(boards.local, "PROGRESS_EVERY_S", 2.0)
     b = LocalBoard(key="lost", num_servers=1, log_dir=tmp_path / "logs", registry=tmp_path / "registry")
     with caplog.at_level("INFO", logger="vta_pipeline.boards"), pytest.raises(BoardError) as e:
         b.start(timeout=25)

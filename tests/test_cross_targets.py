@@ -109,7 +109,7 @@ def test_tuning_candidates_are_linked_for_the_board(micronet):
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from vta_pipeline.ms_build import make_builder
+    from vta_pipeline.boards.builder import make_builder
 
     _, extracted = micronet
     task = select_tasks(load_tasks(extracted.path), "conv2d")[0]

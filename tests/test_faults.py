@@ -128,7 +128,7 @@ def test_the_only_board_frozen_mid_tuning_costs_one_timeout_then_every_task_stop
     whole timeout: every task, batch and retry rediscovered it. Now one measurement times out,
     the board gets one more timeout to come back, and then the key's measurements are refused
     at once with the reason, for this task, its retry and the next task."""
-    from vta_pipeline import pools
+    from vta_pipeline.boards import pools
 
     _, extracted = micronet
     tasks = [_conv(extracted, 0), _conv(extracted, 1)]
@@ -321,7 +321,7 @@ def test_tuning_waits_through_a_tracker_restart_and_no_candidate_is_failed_by_it
             )
 
         tuning = threading.Thread(target=tune)
-        with caplog.at_level("WARNING", logger="vta_pipeline.pools"):
+        with caplog.at_level("WARNING", logger="vta_pipeline.boards.pools"):
             tuning.start()
             _wait_for(lambda: len(read_trials(work)) >= 4, what="a measured batch")
             _kill(b.procs[0])
@@ -362,7 +362,8 @@ def _listeners(port: int) -> set[int]:
 def test_a_stopped_board_leaves_no_process_and_no_listening_tracker():
     """The tracker's socket lives in a child of `tvm.exec.rpc_tracker`: stopping the parent is not
     enough. A CI run met a tracker that accepted after `stop()` returned, then reset the handshake."""
-    from vta_pipeline.boards import _group_alive, port_open
+    from vta_pipeline.boards import port_open
+    from vta_pipeline.boards.local import _group_alive
 
     b = LocalBoard(key="gone", num_servers=1).start()
     groups = [p.pid for p in b.procs]

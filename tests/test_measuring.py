@@ -11,10 +11,10 @@ import pytest
 
 from vta_pipeline import steps
 from vta_pipeline.boards import BoardSpec, LocalBoard, board_threads
+from vta_pipeline.boards.builder import fast_build
 from vta_pipeline.config import EvalConfig, MeasureConfig, TuneConfig
 from vta_pipeline.evaluate import MIN_REPEAT, evaluate_on_board, plan_timing
 from vta_pipeline.extract import load_tasks
-from vta_pipeline.ms_build import fast_build
 from vta_pipeline.trial_log import read_trials, task_work_dir
 from vta_pipeline.tune import tune_task
 
@@ -48,7 +48,7 @@ def _tuning_vs_quiet(extracted, task, host_target, measure, tmp_path, rounds: in
     from tvm import rpc
     from tvm.s_tir import meta_schedule as ms
 
-    from vta_pipeline import pools
+    from vta_pipeline.boards import pools
 
     work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
     with LocalBoard(key="quiet", registry=tmp_path / "registry", log_dir=tmp_path / "logs") as b:
@@ -205,7 +205,7 @@ def test_a_flushed_retime_finds_a_kernels_weights_cold(board, host_target):
     from tvm.s_tir import meta_schedule as ms
     from tvm.script import tirx as T
 
-    from vta_pipeline import pools
+    from vta_pipeline.boards import pools
     from vta_pipeline.retime import retime_measure
 
     @T.prim_func(s_tir=True)

@@ -10,8 +10,7 @@ from tvm import te
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 
-from vta_pipeline import pools
-from vta_pipeline.boards import BoardSpec
+from vta_pipeline.boards import BoardSpec, pools
 from vta_pipeline.config import MeasureConfig
 
 MEASURE = MeasureConfig(number=2, repeat=1, timeout_s=60)

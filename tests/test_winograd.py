@@ -22,7 +22,8 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 from tvm.target import codegen
 
-from vta_pipeline import extract, ms_build
+from vta_pipeline import extract
+from vta_pipeline.boards import builder as ms_build
 from vta_pipeline.build import LIB, build_network
 from vta_pipeline.passes import winograd
 from vta_pipeline.passes.graph_pack import PackParams, graph_pack

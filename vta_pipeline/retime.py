@@ -40,8 +40,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from . import pools
-from .boards import BoardSpec
+from .boards import BoardSpec, pools
 from .config import MeasureConfig
 from .store import atomic_write_text, read_json
 from .task_database import open_database, plain_json

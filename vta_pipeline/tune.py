@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from . import int8_dot, intrin_registry, pools, retime, schedule_rules, spaces
-from .boards import BoardSpec
+from . import int8_dot, intrin_registry, retime, schedule_rules, spaces
+from .boards import BoardSpec, pools
 from .config import MeasureConfig, TuneConfig
 from .cost_model import lease as lease_cost_model
 from .errors import BoardError

@@ -14,7 +14,7 @@ its tile blocks under each block of output channels (`spaces.winograd`, version 
 A schedule marks the innermost loop over output tiles (`sch.annotate(loop, ANNOTATION,
 levels)`, `levels` the tile loops from the block loop in: it is their parent), and `insert`
 puts at the top of each of that loop's iterations its share of the next block's lines. It runs
-on scheduled functions before lowering, where both the tuner's builder (`ms_build.fast_build`)
+on scheduled functions before lowering, where both the tuner's builder (`boards.builder.fast_build`)
 and the network's build (`build.build`) call it, so a candidate is timed as it is deployed. The
 prefetch is an LLVM hint: it never faults and never changes a result, so a line past the
 weights' end (the last block of the last thread) is harmless.

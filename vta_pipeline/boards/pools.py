@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .boards import BoardSpec
-    from .config import MeasureConfig
+    from ..config import MeasureConfig
+    from .tracker import BoardSpec
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def _make_shared_builder(timeout_s: float, cross_compiler: str | None, workers: 
     from tvm.s_tir.meta_schedule.builder.local_builder import _worker_func
     from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
 
-    from .ms_build import cross_export, fast_build
+    from .builder import cross_export, fast_build
 
     f_export = functools.partial(cross_export, cross_compiler) if cross_compiler else None
     pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s, maximum_process_uses=BUILDS_PER_WORKER)
@@ -207,8 +207,8 @@ def _observe(where: tuple[str, int, str], error_msg: str | None) -> None:
 
 
 def _free_and_registered(host: str, port: int, key: str) -> tuple[int, int] | None:
-    from .boards import free_and_registered
-    from .errors import BoardError
+    from ..errors import BoardError
+    from .tracker import free_and_registered
 
     try:
         return free_and_registered(host, port, key)
@@ -272,7 +272,7 @@ MAX_REQUEUES = 3  # a candidate an outage cut off goes out again at most this of
 
 
 def _tracker_answers(host: str, port: int) -> bool:
-    from .boards import port_open
+    from .tracker import port_open
 
     return port_open(host, port, 2.0)
 
@@ -330,7 +330,7 @@ def _checked(inner, board: BoardSpec, timeout_s: float, workers: int, tracker_wa
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerResult
 
-    from .trial_log import implausible
+    from ..trial_log import implausible
 
     where = (board.tracker_host, board.tracker_port, board.key)
 

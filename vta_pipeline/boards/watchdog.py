@@ -1,6 +1,6 @@
 """Processes that die with the process that started them, however it dies.
 
-`python -m vta_pipeline.watchdog --watch PID -- tvm.exec.rpc_server --tracker ...` runs the
+`python -m vta_pipeline.boards.watchdog --watch PID -- tvm.exec.rpc_server --tracker ...` runs the
 module (a TVM RPC server, uvicorn serving Prefect's API) in this very process (no extra
 interpreter) beside a thread that watches the parent (the pid given to --watch). When the
 parent is gone the thread kills this process's whole group: the server and the
@@ -36,7 +36,7 @@ def _wait_for_parent_death(parent: int) -> None:
 def _watch_group(parent: int) -> None:
     _wait_for_parent_death(parent)
     print(
-        f"vta_pipeline.watchdog: parent {parent} is gone; stopping process group {os.getpgrp()}",
+        f"vta_pipeline.boards.watchdog: parent {parent} is gone; stopping process group {os.getpgrp()}",
         file=sys.stderr,
         flush=True,
     )
@@ -46,7 +46,7 @@ def _watch_group(parent: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
-    parser = argparse.ArgumentParser(prog="vta_pipeline.watchdog")
+    parser = argparse.ArgumentParser(prog="vta_pipeline.boards.watchdog")
     parser.add_argument("--watch", type=int, required=True, help="pid whose death stops what this watches")
     opts = parser.parse_args(argv[:cut])
     if cut == len(argv) or cut + 1 == len(argv):
