@@ -601,7 +601,7 @@ def estimated_curve(result: dict[str, Any], measured_ms: float, flat: bool = Tru
     not look ahead), so one deep run gives the whole curve. A run whose budget was steered by
     latency (not `flat`) gave its tasks different budgets: only the part every task reached,
     its flat first round, is a flat budget's curve."""
-    from vta_pipeline.allocation import used_ms
+    from vta_pipeline.search.allocation import used_ms
 
     tasks = [t for t in result["tasks"] if t.get("curve")]
     if not tasks:

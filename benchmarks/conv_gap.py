@@ -147,7 +147,7 @@ def kept_record(task: dict[str, Any]):
     import tvm
     from tvm.s_tir import Schedule
 
-    from vta_pipeline.task_database import open_database
+    from vta_pipeline.search.database import open_database
 
     workload = tvm.ir.load_json(Path(task["tir"]).read_text())
     db = open_database(task["work_dir"])

@@ -1,6 +1,6 @@
 """The store-wide shared cost model against random scoring, on one network's conv tasks.
 
-Before `vta_pipeline.cost_model`, every tuning task (and every resumed round of one) built a
+Before `vta_pipeline.search.cost_model`, every tuning task (and every resumed round of one) built a
 fresh XGBoost model, which scores candidates at random until it has seen 100 measurements:
 at a night's budgets the search was a random one. This tunes every conv2d task of a network
 twice, same seed, same budget, same board, each arm in a fresh store: with random scores

@@ -39,11 +39,11 @@ from vta_pipeline import boards, cpu_layout, history, report, steps, store_gc
 from vta_pipeline.config import PipelineConfig, parse_hostport
 from vta_pipeline.extract import load_tasks, select_tasks
 from vta_pipeline.fetch import check_model
+from vta_pipeline.search.rounds import TuningRounds
+from vta_pipeline.search.work_dir import WorkDir
 from vta_pipeline.store import ArtifactStore, CachePolicy
 from vta_pipeline.targets import resolve_target
-from vta_pipeline.tuning_rounds import TuningRounds
 from vta_pipeline.vta import tasks as vta_tasks_mod
-from vta_pipeline.work_dir import WorkDir
 
 # Prefect forwards the loggers named in PREFECT_LOGGING_EXTRA_LOGGERS to the run's logs (the
 # deployment names "vta_pipeline,tvm", the CLI "vta_pipeline"), but only records at or above

@@ -13,7 +13,8 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
-from vta_pipeline import report, trial_log
+from vta_pipeline import report
+from vta_pipeline.search import trial_log
 
 
 class TrialProgress:

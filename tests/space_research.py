@@ -12,7 +12,7 @@ from vta_pipeline import spaces
 from vta_pipeline import tune as tuning
 from vta_pipeline.boards import BoardSpec
 from vta_pipeline.config import MeasureConfig, TuneConfig
-from vta_pipeline.trial_log import read_state, task_work_dir
+from vta_pipeline.search.trial_log import read_state, task_work_dir
 
 
 def generic_then_current(

@@ -1,8 +1,8 @@
-"""Spreading a network's trial budget over its tasks (vta_pipeline.allocation)."""
+"""Spreading a network's trial budget over its tasks (vta_pipeline.search.allocation)."""
 
 import pytest
 
-from vta_pipeline.allocation import CAP_FACTOR, TaskSpend, allocate, first_round, used_ms
+from vta_pipeline.search.allocation import CAP_FACTOR, TaskSpend, allocate, first_round, used_ms
 
 
 def test_the_first_round_is_half_the_average_budget_and_at_least_one_trial():

@@ -9,11 +9,11 @@ import shutil
 import numpy as np
 import pytest
 
-from vta_pipeline import cost_model
 from vta_pipeline.boards import BoardSpec
 from vta_pipeline.config import MeasureConfig, TuneConfig
 from vta_pipeline.extract import load_tasks
-from vta_pipeline.trial_log import read_trials, task_work_dir
+from vta_pipeline.search import cost_model
+from vta_pipeline.search.trial_log import read_trials, task_work_dir
 from vta_pipeline.tune import tune_task
 
 MEASURE = MeasureConfig(number=2, repeat=1, timeout_s=60)

@@ -13,9 +13,9 @@ from tvm.s_tir import Schedule
 from tvm.script import tirx as T
 
 from vta_pipeline import spaces
+from vta_pipeline.search.trial_log import read_state
 from vta_pipeline.spaces import dense as dense_space
 from vta_pipeline.spaces.upgrade import ARCHIVED, archive_name, upgrades
-from vta_pipeline.trial_log import read_state
 
 HERE = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})  # AVX2 (what CI runs)
 

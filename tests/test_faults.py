@@ -24,9 +24,9 @@ from vta_pipeline.boards import BoardSpec, LocalBoard, count_servers, free_port,
 from vta_pipeline.config import MeasureConfig, TuneConfig, build_config
 from vta_pipeline.errors import BoardError
 from vta_pipeline.extract import load_tasks
+from vta_pipeline.search.database import repair_database
+from vta_pipeline.search.trial_log import read_trials, task_work_dir
 from vta_pipeline.store import ArtifactStore
-from vta_pipeline.task_database import repair_database
-from vta_pipeline.trial_log import read_trials, task_work_dir
 from vta_pipeline.tune import TuningAborted, tune_task
 
 pytestmark = pytest.mark.slow
@@ -440,7 +440,7 @@ def test_a_trial_log_torn_at_its_last_line_is_repaired_before_the_rerun_appends(
 
 
 def test_a_whole_last_row_that_lost_only_its_newline_is_kept(tmp_path):
-    from vta_pipeline.trial_log import append_trials
+    from vta_pipeline.search.trial_log import append_trials
 
     (tmp_path / "trials.jsonl").write_text('{"trial": 0}\n{"trial": 1}')
     append_trials(tmp_path, [{"trial": 2}])

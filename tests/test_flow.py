@@ -102,7 +102,7 @@ def test_latency_allocation_spends_the_networks_budget_where_its_time_goes(prefe
     """`tune.allocation = latency`: a first round of half the budget per task, then the rest
     of the network's budget by each task's share of its latency after that round."""
     from flows.tune_network import tune_network
-    from vta_pipeline.allocation import TaskSpend, allocate, first_round, used_ms
+    from vta_pipeline.search.allocation import TaskSpend, allocate, first_round, used_ms
 
     store = ArtifactStore(tmp_path / "store")
     cfg = {**_cfg(store.root, board.tracker, board.key, trials=4)}

@@ -30,7 +30,7 @@ from vta_pipeline.passes.graph import op_sequence
 from vta_pipeline.passes.graph_pack import PackError, PackParams, graph_pack
 from vta_pipeline.passes.quantize import QuantizeParams, quantize
 from vta_pipeline.relax_pipeline import lower_for_tuning
-from vta_pipeline.task_database import open_database
+from vta_pipeline.search.database import open_database
 
 HERE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # AVX2 (what CI and this machine run)
 CASCADELAKE = {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}  # AVX512-VNNI: compiled, not run
@@ -309,7 +309,7 @@ def test_tensorized_records_open_in_a_fresh_process(tensorized_db):
         [
             sys.executable,
             "-c",
-            "import sys; from vta_pipeline.task_database import open_database; "
+            "import sys; from vta_pipeline.search.database import open_database; "
             "print(len(open_database(sys.argv[1]).get_all_tuning_records()))",
             str(db),
         ],
@@ -334,7 +334,7 @@ def test_a_record_that_no_longer_replays_is_set_aside_and_the_rest_kept(tensoriz
     lines[stale] = lines[stale].replace("vta_pipeline.dot_16x4", "vta_pipeline.gone_16x4")
     rec.write_text("\n".join(lines) + "\n")
 
-    with caplog.at_level("WARNING", logger="vta_pipeline.task_database"):
+    with caplog.at_level("WARNING", logger="vta_pipeline.search.database"):
         opened = open_database(tmp_path)
     assert len(opened.get_all_tuning_records()) == n - 1
     assert (tmp_path / "database_tuning_record.json.unreplayable").read_text().splitlines() == [lines[stale]]

@@ -15,7 +15,7 @@ from vta_pipeline.boards.builder import fast_build
 from vta_pipeline.config import EvalConfig, MeasureConfig, TuneConfig
 from vta_pipeline.evaluate import MIN_REPEAT, evaluate_on_board, plan_timing
 from vta_pipeline.extract import load_tasks
-from vta_pipeline.trial_log import read_trials, task_work_dir
+from vta_pipeline.search.trial_log import read_trials, task_work_dir
 from vta_pipeline.tune import tune_task
 
 
@@ -206,7 +206,7 @@ def test_a_flushed_retime_finds_a_kernels_weights_cold(board, host_target):
     from tvm.script import tirx as T
 
     from vta_pipeline.boards import pools
-    from vta_pipeline.retime import retime_measure
+    from vta_pipeline.search.retime import retime_measure
 
     @T.prim_func(s_tir=True)
     def weighted_sum(

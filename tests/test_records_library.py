@@ -15,9 +15,9 @@ from vta_pipeline.boards import BoardSpec
 from vta_pipeline.cli.main import app
 from vta_pipeline.config import MeasureConfig, TuneConfig
 from vta_pipeline.extract import load_tasks
+from vta_pipeline.search.trial_log import read_trials
 from vta_pipeline.store import ArtifactStore
 from vta_pipeline.targets import resolve_target
-from vta_pipeline.trial_log import read_trials
 from vta_pipeline.tune import library_candidates
 
 MEASURE = MeasureConfig(number=2, repeat=1, timeout_s=60)

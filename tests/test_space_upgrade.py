@@ -22,11 +22,11 @@ from tvm.s_tir import meta_schedule as ms
 from vta_pipeline import intrin_registry
 from vta_pipeline.boards import BoardSpec
 from vta_pipeline.config import MeasureConfig, TuneConfig
+from vta_pipeline.search.trial_log import read_state, read_trials, write_state
 from vta_pipeline.spaces import design_space
 from vta_pipeline.spaces import label as space_label
 from vta_pipeline.spaces import packed_conv as packed_conv_space
 from vta_pipeline.spaces import upgrade as space_upgrade
-from vta_pipeline.trial_log import read_state, read_trials, write_state
 from vta_pipeline.tune import LIBRARY_SEEDS, library_candidates, tune_task
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "packed_conv_v1_records.json"
@@ -128,7 +128,7 @@ def test_a_record_whose_parallel_extent_the_search_mutated_is_seeded_as_it_was(m
     from tvm.s_tir.meta_schedule import _ffi_api
 
     from vta_pipeline.extract import load_tasks
-    from vta_pipeline.task_database import open_database, plain_json, seed_database
+    from vta_pipeline.search.database import open_database, plain_json, seed_database
 
     _, extracted = micronet
     task = next(t for t in load_tasks(extracted.path) if t.op == "conv2d")

@@ -153,7 +153,7 @@ def test_a_cached_result_record_that_would_run_code_when_read_is_removed_unread(
 def test_a_torn_work_dir_note_is_set_aside_with_a_warning_and_derived_again(tmp_path, caplog, name):
     """What a power cut or a full disk can leave of a tuning work dir's notes: each reader takes it
     for absent (the trial log and the board give it again), names it, and keeps it for a look."""
-    from vta_pipeline import retime, trial_log
+    from vta_pipeline.search import retime, trial_log
     from vta_pipeline.store import read_json
 
     work = tmp_path / "work"
@@ -187,7 +187,7 @@ def test_an_event_after_a_torn_events_log_lands_on_a_line_of_its_own(tmp_path):
 def test_a_torn_workload_file_is_repaired_keeping_every_record_it_can_still_name(tmp_path):
     """A torn last line of database_workload.json: it is set aside, the whole workloads kept,
     and so are the records of those workloads; records naming the lost one go aside too."""
-    from vta_pipeline.task_database import repair_database
+    from vta_pipeline.search.database import repair_database
 
     work = tmp_path / "work"
     work.mkdir()

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from vta_pipeline import guard, history, store_gc, variant
 from vta_pipeline.cli.main import app
+from vta_pipeline.search.trial_log import read_trials
 from vta_pipeline.store import ArtifactStore
-from vta_pipeline.trial_log import read_trials
 
 DAY = 86400.0
 

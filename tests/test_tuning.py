@@ -8,7 +8,7 @@ from vta_pipeline import steps
 from vta_pipeline.boards import BoardSpec
 from vta_pipeline.config import MeasureConfig, TuneConfig
 from vta_pipeline.extract import load_tasks
-from vta_pipeline.trial_log import read_state, read_trials, task_work_dir
+from vta_pipeline.search.trial_log import read_state, read_trials, task_work_dir
 from vta_pipeline.tune import tune_task
 
 MEASURE = MeasureConfig(number=2, repeat=1, timeout_s=60)
@@ -131,8 +131,8 @@ def test_the_best_records_are_retimed_in_turn_and_pick_best_builds_with_the_fast
     network is built with the fastest of that."""
     import shutil
 
-    from vta_pipeline import retime
     from vta_pipeline.pick_best import open_db, pick_best
+    from vta_pipeline.search import retime
 
     _, extracted = micronet
     task = _conv(extracted, 1)
@@ -249,7 +249,7 @@ def test_the_best_records_are_retimed_in_turn_and_pick_best_builds_with_the_fast
 def test_auto_retimes_with_flushed_caches_on_the_cpus_tvm_can_flush(target, caches):
     import tvm
 
-    from vta_pipeline import retime
+    from vta_pipeline.search import retime
 
     assert retime.resolve_caches("auto", tvm.target.Target(target)) == caches
     assert retime.resolve_caches("warm", tvm.target.Target(target)) == "warm"

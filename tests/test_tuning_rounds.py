@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from vta_pipeline import allocation
-from vta_pipeline.tuning_rounds import TuningRounds
+from vta_pipeline.search import allocation
+from vta_pipeline.search.rounds import TuningRounds
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vta_pipeline import trial_log
+from vta_pipeline.search import trial_log
 from vta_pipeline.vta.conv import ConvWorkload, Epilogue, Knobs, knob_space
 from vta_pipeline.vta.tuner import KnobTuner, Measurement, local_measure
 from vta_pipeline.vta_config import VTAConfig

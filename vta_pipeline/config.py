@@ -82,12 +82,12 @@ class TuneConfig(_Strict):
         "flat",
         description="How the network's budget (trials_per_task x tasks) is spread: flat = trials_per_task "
         "each; latency = half of it each, then the rest by each task's share of the network's latency after "
-        "that round (best ms x weight), at most 4x the average per task (vta_pipeline.allocation).",
+        "that round (best ms x weight), at most 4x the average per task (vta_pipeline.search.allocation).",
     )
     cost_model: Literal["xgb", "random"] = Field(
         "xgb",
         description="MetaSchedule cost model: xgb is one XGBoost model per target and board key, shared by "
-        "all tasks and trained on every record in the store (vta_pipeline.cost_model); random scores at random.",
+        "all tasks and trained on every record in the store (vta_pipeline.search.cost_model); random scores at random.",
     )
     search: Literal["evolutionary", "replay-trace"] = Field("evolutionary", description="Search strategy.")
     early_stopping: int | None = Field(
@@ -102,7 +102,7 @@ class TuneConfig(_Strict):
         8,
         ge=0,
         description="After the search, measure the task's this many best records again on the board, in turn, "
-        "and build with the fastest of that (vta_pipeline.retime: one measurement per candidate while tuning "
+        "and build with the fastest of that (vta_pipeline.search.retime: one measurement per candidate while tuning "
         "ranks them by the minute they were measured in too); 0 or 1 = build with the recorded best.",
     )
     retime_rounds: int = Field(3, gt=0, description="Rounds of the re-time; a candidate's time is its fastest round.")
@@ -119,7 +119,7 @@ class TuneConfig(_Strict):
         "(the input stays: in a network the layer before just wrote it), as a layer runs inside a network whose "
         "weights do not fit the caches; auto = flushed on 64-bit x86 and Arm CPUs, warm elsewhere (GPUs; TVM "
         "flushes no other CPU's caches). Warm by default: flushed measured no better on resnet18 fp32 "
-        "(vta_pipeline.retime).",
+        "(vta_pipeline.search.retime).",
     )
     builder_timeout_s: float = Field(120.0, gt=0, description="Per-candidate build timeout.")
     seed: int = Field(0, description="Search seed.")

@@ -74,7 +74,7 @@ def plan_timing(
 
 def _believable(secs, key: str, what: str) -> None:
     """A BoardError where a board's timer reports what cannot be true (`trial_log.implausible`)."""
-    from .trial_log import implausible
+    from .search.trial_log import implausible
 
     why = implausible(secs if isinstance(secs, (list, tuple)) else [secs])
     if why:

@@ -36,8 +36,8 @@ import pyarrow.parquet as pq
 from filelock import FileLock
 
 from . import variant, workload_keys
+from .search.work_dir import WorkDir
 from .store import durable_replace
-from .work_dir import WorkDir
 
 MEASUREMENTS = "measurements"
 EVALUATIONS = "evaluations"

@@ -16,9 +16,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import retime
-from .task_database import open_database
-from .work_dir import WorkDir
+from .search import retime
+from .search.database import open_database
+from .search.work_dir import WorkDir
 
 STEP = "pick_best"
 VERSION = 3  # 3: a task's re-timed winner (retime.py) in place of its recorded best

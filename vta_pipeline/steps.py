@@ -20,7 +20,7 @@ from . import cpu_layout as layout_mod
 from . import evaluate as eval_mod
 from . import extract as extract_mod
 from . import fetch as fetch_mod
-from . import guard, history, records_library, retime, spaces, trial_log, workload_keys
+from . import guard, history, records_library, spaces, workload_keys
 from . import pack as pack_mod
 from . import pick_best as pick_best_mod
 from . import quantize as quantize_mod
@@ -38,10 +38,11 @@ from .config import (
 )
 from .errors import BoardError, ConfigError
 from .hashing import sha256_file, sha256_json
+from .search import retime, trial_log
+from .search.work_dir import WorkDir
 from .store import Artifact, ArtifactStore
 from .targets import ResolvedTarget
 from .vta_config import VTAConfig
-from .work_dir import WorkDir
 
 
 # ---- checks before any work ------------------------------------------------------------------
@@ -56,7 +57,7 @@ def check_target(cfg: PipelineConfig, target: ResolvedTarget) -> None:
     if cfg.tune.retime_caches == "flushed":
         import tvm
 
-        from .retime import can_flush
+        from .search.retime import can_flush
 
         if not can_flush(tvm.target.Target(target.full_json)):
             raise ConfigError(

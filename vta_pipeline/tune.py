@@ -13,11 +13,11 @@ the bookkeeping are ours:
   records of the same workload from earlier sessions (seeds, read from the history by the
   caller): they enter the session's database unmeasured, the evolutionary search starts
   from them, and the build can use them when tonight found nothing better
-  (`task_database`).
+  (`search.database`).
 * A task asked for n trials that finds k already in its database measures n - k more.
   Raising the budget later continues from the same records.
 * The search runs in rounds through MetaSchedule's `tune_tasks`, guarded
-  (`search_hooks.GuardedSearch`: no schedule measured twice, early stopping, fail fast).
+  (`search.hooks.GuardedSearch`: no schedule measured twice, early stopping, fail fast).
 * After the search, the task's default lowering is measured once on the same board: the
   build only uses a tuned schedule that beats it.
 """
@@ -31,18 +31,28 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from . import int8_dot, intrin_registry, retime, schedule_rules, spaces
+from . import int8_dot, intrin_registry, schedule_rules, spaces
 from .boards import BoardSpec, pools
 from .config import MeasureConfig, TuneConfig
-from .cost_model import lease as lease_cost_model
 from .errors import BoardError
 from .progress import publish
-from .search_hooks import make_guarded_search, make_log_callback
+from .search import retime
+from .search.cost_model import lease as lease_cost_model
+from .search.database import known_hashes, open_database, repair_database, seed_database
+from .search.hooks import make_guarded_search, make_log_callback
+from .search.trial_log import (
+    FAILED,
+    history,
+    last_threads,
+    mean_secs,
+    read_default_ms,
+    read_state,
+    read_trials,
+    write_state,
+)
+from .search.work_dir import Status, Stopped, WorkDir
 from .spaces import upgrade as space_upgrade
 from .store import atomic_write_text, read_json
-from .task_database import known_hashes, open_database, repair_database, seed_database
-from .trial_log import FAILED, history, last_threads, mean_secs, read_default_ms, read_state, read_trials, write_state
-from .work_dir import Status, Stopped, WorkDir
 
 log = logging.getLogger(__name__)
 
@@ -287,7 +297,7 @@ def _warm_start(
     previous_best_ms: float | None,
     seed_hashes: list[str],
 ) -> None:
-    """Seed a fresh work dir with earlier sessions' records (see `task_database.seed_database`);
+    """Seed a fresh work dir with earlier sessions' records (see `search.database.seed_database`);
     those tuned in an older version of the task's space are carried into the current one and
     measured first instead (`spaces.upgrade`: their latencies were of another loop nest)."""
     current, upgraded = _carried(seeds, workload_mod, target)

@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .search.trial_log import read_trials
+from .search.work_dir import WorkDir
 from .store import atomic_write_text
-from .trial_log import read_trials
-from .work_dir import WorkDir
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ def _merge_database(src: Path, dst: Path) -> None:
             idx, _ = json.loads(ln)
             lines.append(f"[{remap[idx]},{ln.split(',', 1)[1]}")  # the record's own text, not re-encoded
         except (ValueError, KeyError, TypeError, IndexError):
-            continue  # corrupted: task_database.repair_database had set such lines aside already
+            continue  # corrupted: search.database.repair_database had set such lines aside already
     if lines:
         with open(dst / WorkDir.RECORDS, "a") as f:
             f.write("".join(ln + "\n" for ln in lines))

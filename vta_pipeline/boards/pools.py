@@ -330,7 +330,7 @@ def _checked(inner, board: BoardSpec, timeout_s: float, workers: int, tracker_wa
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerResult
 
-    from ..trial_log import implausible
+    from ..search.trial_log import implausible
 
     where = (board.tracker_host, board.tracker_port, board.key)
 

@@ -33,8 +33,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ..search.work_dir import WorkDir
 from ..store import atomic_write_text
-from ..work_dir import WorkDir
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def structure(trace) -> str:
     mutates: the evolutionary search rewrites a generic space's parallel extent in place, and
     a record so mutated is still of its space (taken for another, it was "upgraded" onto the
     first space's trace, its compute location and parallel extent lost, and measured again)."""
-    from ..task_database import plain_json
+    from ..search.database import plain_json
 
     insts, _ = plain_json(trace.simplified(remove_postproc=True).as_json(remove_postproc=True))
     return json.dumps(
@@ -205,7 +205,7 @@ def upgrade_records(records_json: list[Any], workload_mod, target, space) -> tup
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule import _ffi_api
 
-    from ..task_database import plain_json
+    from ..search.database import plain_json
 
     workload = ms.database.Workload(workload_mod)
     parsed = []
@@ -231,7 +231,7 @@ def upgrade_records(records_json: list[Any], workload_mod, target, space) -> tup
 def best_records(path: Path, keep: int) -> list[Any]:
     """The `keep` fastest measured records of a task database's record file, as TuningRecord
     JSON, read without replaying the others (a database opened replays every trace)."""
-    from ..trial_log import FAILED, mean_secs
+    from ..search.trial_log import FAILED, mean_secs
 
     if not Path(path).exists():
         return []
@@ -241,7 +241,7 @@ def best_records(path: Path, keep: int) -> list[Any]:
             _, record = json.loads(line)
             secs = mean_secs(record[1] or [])
         except (ValueError, TypeError, IndexError):
-            continue  # a torn line: `task_database.repair_database` keeps it aside
+            continue  # a torn line: `search.database.repair_database` keeps it aside
         if secs < FAILED:
             measured.append((secs, record))
     return [record for _, record in sorted(measured, key=lambda m: m[0])[:keep]]

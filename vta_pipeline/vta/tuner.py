@@ -28,9 +28,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import trial_log
+from ..search import trial_log
+from ..search.work_dir import Status, WorkDir
 from ..vta_config import VTAConfig
-from ..work_dir import Status, WorkDir
 from .conv import ConvWorkload, Epilogue, Knobs, check, compile_conv, default_knobs, knob_space
 from .simulator import CycleModel, Dram, Simulator, StreamError
 
