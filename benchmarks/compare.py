@@ -410,7 +410,7 @@ def stored(store: Path, artifact_id: str):
     """The artifact of any step in the pipeline's `store` whose content id is `artifact_id`:
     found by its manifest, and only that one verified (`ArtifactStore.find` would hash every
     file of the store, a gigabyte after a few networks, three times per TVM row)."""
-    from vta_pipeline.store import MANIFEST, ArtifactStore
+    from vta_pipeline.store.artifacts import MANIFEST, ArtifactStore
 
     for manifest in sorted((store / "steps").glob(f"*/*/{MANIFEST}")):
         if json.loads(manifest.read_text()).get("artifact_id") == artifact_id:
@@ -516,7 +516,7 @@ def model_gflop(store: Path, model: str, source: str) -> float:
     from vta_pipeline import steps
     from vta_pipeline.config import ModelConfig
     from vta_pipeline.extract import load_tasks
-    from vta_pipeline.store import ArtifactStore
+    from vta_pipeline.store.artifacts import ArtifactStore
     from vta_pipeline.targets import resolve_target
 
     st = ArtifactStore(store)
@@ -778,12 +778,12 @@ def bare_loop(
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from vta_pipeline import intrin_registry, pools
-    from vta_pipeline.boards import BoardSpec
+    from vta_pipeline import intrin_registry
+    from vta_pipeline.boards import BoardSpec, pools
     from vta_pipeline.boards.builder import make_builder
     from vta_pipeline.config import MeasureConfig, TuneConfig, parse_hostport
     from vta_pipeline.extract import load_tasks, select_tasks
-    from vta_pipeline.store import ArtifactStore
+    from vta_pipeline.store.artifacts import ArtifactStore
     from vta_pipeline.targets import resolve_target
     from vta_pipeline.tune import genetic_iters, population_size
 

@@ -35,7 +35,7 @@ def tune_arm(model: str, source: str, cost: str, trials: int, batch: int, store_
     from vta_pipeline.boards import BoardSpec, LocalBoard
     from vta_pipeline.config import MeasureConfig, ModelConfig, TuneConfig
     from vta_pipeline.extract import load_tasks, select_tasks
-    from vta_pipeline.store import ArtifactStore
+    from vta_pipeline.store.artifacts import ArtifactStore
     from vta_pipeline.targets import resolve_target
 
     store = ArtifactStore(store_dir)

@@ -43,7 +43,7 @@ from vta_pipeline import boards, fetch, machine, steps  # noqa: E402
 from vta_pipeline import build as build_mod  # noqa: E402
 from vta_pipeline.config import EvalConfig, build_config, parse_hostport  # noqa: E402
 from vta_pipeline.extract import load_tasks, select_tasks  # noqa: E402
-from vta_pipeline.store import ArtifactStore  # noqa: E402
+from vta_pipeline.store.artifacts import ArtifactStore  # noqa: E402
 from vta_pipeline.targets import resolve_target  # noqa: E402
 
 SHAPE = (1, 3, 224, 224)

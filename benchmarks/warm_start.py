@@ -26,7 +26,7 @@ from vta_pipeline.boards import (
 )
 from vta_pipeline.config import MeasureConfig, ModelConfig, TuneConfig  # noqa: E402
 from vta_pipeline.extract import load_tasks  # noqa: E402
-from vta_pipeline.store import ArtifactStore  # noqa: E402
+from vta_pipeline.store.artifacts import ArtifactStore  # noqa: E402
 from vta_pipeline.targets import resolve_target  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results"

@@ -35,13 +35,14 @@ from tasks.deploy import build, compare_runtime, evaluate
 from tasks.history import record_history, regression_guard
 from tasks.model import extract_tasks, fetch_model, layout_model, pack_model, quantize_model
 from tasks.tune import pick_best, tune_task, tune_vta_task
-from vta_pipeline import boards, cpu_layout, history, report, steps, store_gc
+from vta_pipeline import boards, cpu_layout, history, report, steps
 from vta_pipeline.config import PipelineConfig, parse_hostport
 from vta_pipeline.extract import load_tasks, select_tasks
 from vta_pipeline.fetch import check_model
 from vta_pipeline.search.rounds import TuningRounds
 from vta_pipeline.search.work_dir import WorkDir
-from vta_pipeline.store import ArtifactStore, CachePolicy
+from vta_pipeline.store import gc as store_gc
+from vta_pipeline.store.artifacts import ArtifactStore, CachePolicy
 from vta_pipeline.targets import resolve_target
 from vta_pipeline.vta import tasks as vta_tasks_mod
 

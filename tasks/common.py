@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vta_pipeline.errors import ArtifactError, BoardError
-from vta_pipeline.store import Artifact, ArtifactStore, CachePolicy
+from vta_pipeline.store.artifacts import Artifact, ArtifactStore, CachePolicy
 
 KeyFn = Callable[[dict[str, Any]], tuple[ArtifactStore, str, str]]
 

@@ -210,7 +210,7 @@ def _wait_for_end(parent: int, notes: int) -> str | None:
 
 def _close_runs(store_path: str, parent: int, signal_name: str | None, log: logging.Logger) -> None:
     from tasks import crashed_runs
-    from vta_pipeline.store import ArtifactStore
+    from vta_pipeline.store.artifacts import ArtifactStore
 
     store = ArtifactStore(store_path)
     if signal_name is None:

@@ -21,7 +21,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 from vta_pipeline import steps  # noqa: E402
 from vta_pipeline.boards import LocalBoard  # noqa: E402
 from vta_pipeline.config import ModelConfig  # noqa: E402
-from vta_pipeline.store import ArtifactStore  # noqa: E402
+from vta_pipeline.store.artifacts import ArtifactStore  # noqa: E402
 from vta_pipeline.targets import resolve_target  # noqa: E402
 
 OUTPUTS = Path(__file__).resolve().parent.parent / "test-outputs"

@@ -30,7 +30,7 @@ from tasks.dask_runner import (
 )
 from vta_pipeline.boards import free_port
 from vta_pipeline.config import build_config
-from vta_pipeline.store import ArtifactStore
+from vta_pipeline.store.artifacts import ArtifactStore
 
 REPO = Path(__file__).resolve().parent.parent
 

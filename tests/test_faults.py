@@ -26,7 +26,7 @@ from vta_pipeline.errors import BoardError
 from vta_pipeline.extract import load_tasks
 from vta_pipeline.search.database import repair_database
 from vta_pipeline.search.trial_log import read_trials, task_work_dir
-from vta_pipeline.store import ArtifactStore
+from vta_pipeline.store.artifacts import ArtifactStore
 from vta_pipeline.tune import TuningAborted, tune_task
 
 pytestmark = pytest.mark.slow
@@ -731,7 +731,7 @@ def test_a_run_killed_with_its_keeper_is_marked_crashed_by_the_next_run_on_the_s
         from prefect import flow, task
         from prefect.runtime import flow_run
         from tasks import crashed_runs
-        from vta_pipeline.store import ArtifactStore
+        from vta_pipeline.store.artifacts import ArtifactStore
 
         @task
         def tuning():

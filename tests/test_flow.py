@@ -13,7 +13,7 @@ import tvm
 from vta_pipeline import history
 from vta_pipeline.boards import LocalBoard
 from vta_pipeline.config import build_config
-from vta_pipeline.store import ArtifactStore
+from vta_pipeline.store.artifacts import ArtifactStore
 
 pytestmark = pytest.mark.slow
 

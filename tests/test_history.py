@@ -13,9 +13,9 @@ from vta_pipeline import guard, history, steps, variant
 from vta_pipeline.boards import BoardSpec
 from vta_pipeline.config import GuardConfig, MeasureConfig, ModelConfig, PipelineConfig, TuneConfig
 from vta_pipeline.extract import load_tasks
-from vta_pipeline.hashing import sha256_file
 from vta_pipeline.search.trial_log import read_trials
-from vta_pipeline.store import ArtifactStore
+from vta_pipeline.store.artifacts import ArtifactStore
+from vta_pipeline.store.hashing import sha256_file
 
 MEASURE = MeasureConfig(number=2, repeat=1, timeout_s=60)
 

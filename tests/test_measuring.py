@@ -151,7 +151,7 @@ def test_top_candidates_retimed_quietly_agree_with_their_tuning_latency(session_
 @pytest.mark.slow
 def test_the_flows_evaluation_agrees_with_a_quiet_retime(micronet, host_target, tmp_path):
     from vta_pipeline import fetch
-    from vta_pipeline.store import ArtifactStore, CachePolicy
+    from vta_pipeline.store.artifacts import ArtifactStore, CachePolicy
 
     fetched, extracted = micronet
     # As above: the evaluation and the retime are seconds apart on a host whose speed moves

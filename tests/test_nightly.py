@@ -9,7 +9,7 @@ import pytest
 
 from vta_pipeline import guard, history
 from vta_pipeline.errors import ConfigError
-from vta_pipeline.store import ArtifactStore
+from vta_pipeline.store.artifacts import ArtifactStore
 
 pytestmark = pytest.mark.slow
 

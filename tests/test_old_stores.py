@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from vta_pipeline.search.trial_log import read_trials
-from vta_pipeline.store import ArtifactStore
+from vta_pipeline.store.artifacts import ArtifactStore
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "store_ea890f9.tgz"
 TARGET = '{"preset": "host", "target": {"mcpu": "znver3", "num-cores": 2}}'

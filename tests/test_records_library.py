@@ -16,7 +16,7 @@ from vta_pipeline.cli.main import app
 from vta_pipeline.config import MeasureConfig, TuneConfig
 from vta_pipeline.extract import load_tasks
 from vta_pipeline.search.trial_log import read_trials
-from vta_pipeline.store import ArtifactStore
+from vta_pipeline.store.artifacts import ArtifactStore
 from vta_pipeline.targets import resolve_target
 from vta_pipeline.tune import library_candidates
 

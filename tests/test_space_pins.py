@@ -29,7 +29,7 @@ from vta_pipeline.extract import load_tasks
 from vta_pipeline.spaces import design_space
 from vta_pipeline.spaces import label as space_label
 from vta_pipeline.spaces import versions as space_versions
-from vta_pipeline.store import ArtifactStore
+from vta_pipeline.store.artifacts import ArtifactStore
 from vta_pipeline.targets import resolve_target
 
 PINS = Path(__file__).resolve().parent / "data" / "space_pins.json"

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from vta_pipeline.store import ArtifactStore, CachePolicy
+from vta_pipeline.store.artifacts import ArtifactStore, CachePolicy
 
 
 def _writer(calls, text="hello"):
@@ -154,7 +154,7 @@ def test_a_torn_work_dir_note_is_set_aside_with_a_warning_and_derived_again(tmp_
     """What a power cut or a full disk can leave of a tuning work dir's notes: each reader takes it
     for absent (the trial log and the board give it again), names it, and keeps it for a look."""
     from vta_pipeline.search import retime, trial_log
-    from vta_pipeline.store import read_json
+    from vta_pipeline.store.artifacts import read_json
 
     work = tmp_path / "work"
     work.mkdir()

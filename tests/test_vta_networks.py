@@ -15,7 +15,7 @@ import pytest
 from vta_pipeline import steps
 from vta_pipeline.config import build_config
 from vta_pipeline.extract import load_tasks, select_tasks
-from vta_pipeline.store import ArtifactStore
+from vta_pipeline.store.artifacts import ArtifactStore
 
 pytestmark = pytest.mark.slow
 

@@ -33,8 +33,8 @@ from typing import Any
 import pyarrow.compute as pc
 
 from . import history, variant
-from .hashing import sha256_file
-from .store import ArtifactStore, atomic_write_text, durable_replace
+from .store.artifacts import ArtifactStore, atomic_write_text, durable_replace
+from .store.hashing import sha256_file
 
 log = logging.getLogger(__name__)
 

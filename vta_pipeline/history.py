@@ -37,7 +37,7 @@ from filelock import FileLock
 
 from . import variant, workload_keys
 from .search.work_dir import WorkDir
-from .store import durable_replace
+from .store.artifacts import durable_replace
 
 MEASUREMENTS = "measurements"
 EVALUATIONS = "evaluations"

@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 
 from . import history, machine, workload_keys
 from .errors import UserError
-from .hashing import sha256_json
+from .store.hashing import sha256_json
 
 BUILTIN = Path(__file__).parent / "library"
 """The library shipped with the package: one Parquet file per CPU class."""

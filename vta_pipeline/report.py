@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from . import variant
 from .pick_best import keeps_default
-from .store import ArtifactStore, atomic_write_text
+from .store.artifacts import ArtifactStore, atomic_write_text
 
 log = logging.getLogger(__name__)
 

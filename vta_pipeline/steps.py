@@ -37,10 +37,10 @@ from .config import (
     TuneConfig,
 )
 from .errors import BoardError, ConfigError
-from .hashing import sha256_file, sha256_json
 from .search import retime, trial_log
 from .search.work_dir import WorkDir
-from .store import Artifact, ArtifactStore
+from .store.artifacts import Artifact, ArtifactStore
+from .store.hashing import sha256_file, sha256_json
 from .targets import ResolvedTarget
 from .vta_config import VTAConfig
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal
 
 from .errors import ConfigError
-from .hashing import sha256_json
+from .store.hashing import sha256_json
 
 Device = Literal["cpu", "cuda", "opencl"]
 

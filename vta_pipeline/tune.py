@@ -52,7 +52,7 @@ from .search.trial_log import (
 )
 from .search.work_dir import Status, Stopped, WorkDir
 from .spaces import upgrade as space_upgrade
-from .store import atomic_write_text, read_json
+from .store.artifacts import atomic_write_text, read_json
 
 log = logging.getLogger(__name__)
 

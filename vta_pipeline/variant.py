@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .hashing import sha256_json, short
+from .store.hashing import sha256_json, short
 
 # QuantizeConfig fields that change which kernels are built (the others only change scales)
 STRUCTURAL_QUANTIZE = ("skip_conv_layers", "skip_dense_layer", "nbit_input", "nbit_weight", "dtype_activation")

@@ -29,7 +29,7 @@ from typing import Any
 
 from .search.trial_log import read_trials
 from .search.work_dir import WorkDir
-from .store import atomic_write_text
+from .store.artifacts import atomic_write_text
 
 log = logging.getLogger(__name__)
 

@@ -287,7 +287,7 @@ class LocalBoard:
         """Write (or rewrite) this board's registry entry: its owner and every process."""
         d = self._registry()
         d.mkdir(parents=True, exist_ok=True)
-        from .store import atomic_write_text
+        from ..store.artifacts import atomic_write_text
 
         atomic_write_text(
             self._registry_file(),

@@ -128,7 +128,7 @@ def health_check(
             f"health check: a board under key {key!r} at the tracker {host}:{port} computed a wrong "
             "result for y = x + 1"
         )
-    from .trial_log import implausible
+    from ..search.trial_log import implausible
 
     why = implausible([ms / 1e3])
     if why:

@@ -56,7 +56,8 @@ def targets(as_json: Annotated[bool, typer.Option("--json", help="Print JSON ins
 def report_cmd(store: StoreOpt = None, last: Annotated[int, typer.Option(help="How many runs.")] = 1):
     """Print the result tables of the last runs recorded in the store."""
     from vta_pipeline.report import load_results, render
-    from vta_pipeline.store import ArtifactStore
+
+    from ..store.artifacts import ArtifactStore
 
     results = load_results(ArtifactStore(store or Path("vta-store")))
     if not results:

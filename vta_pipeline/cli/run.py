@@ -160,8 +160,9 @@ def run(
 
     def go():
         from vta_pipeline.fetch import check_model
-        from vta_pipeline.store import CachePolicy, check_store_path
         from vta_pipeline.targets import resolve_target
+
+        from ..store.artifacts import CachePolicy, check_store_path
 
         try:
             CachePolicy(cache)
@@ -230,7 +231,7 @@ def run(
         steps.check_local_board(cfg, tgt)
         check_model(cfg.model)
         store_path = check_store_path(cfg.store)
-        from vta_pipeline import store_gc
+        from ..store import gc as store_gc
 
         store_gc.check_free_space(store_path, cfg.min_free_gib)  # before Prefect starts
         if cfg.board.tracker:  # a remote tracker: fail now, before Prefect starts, if it is down

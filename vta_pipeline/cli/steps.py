@@ -88,8 +88,9 @@ def tasks_cmd(
     def go():
         from vta_pipeline import steps
         from vta_pipeline.extract import WORKLOAD_FIELDS, load_tasks, select_tasks
-        from vta_pipeline.store import ArtifactStore
         from vta_pipeline.targets import resolve_target
+
+        from ..store.artifacts import ArtifactStore
 
         cfg = _config(
             config,
@@ -196,7 +197,8 @@ def pack_points_cmd(
     def go():
         from vta_pipeline import pack as pack_mod
         from vta_pipeline import steps
-        from vta_pipeline.store import ArtifactStore
+
+        from ..store.artifacts import ArtifactStore
 
         cfg = _config(
             config,
@@ -282,8 +284,9 @@ def build_cmd(
         import shutil
 
         from vta_pipeline import steps
-        from vta_pipeline.store import ArtifactStore
         from vta_pipeline.targets import resolve_target
+
+        from ..store.artifacts import ArtifactStore
 
         cfg = _config(
             config,

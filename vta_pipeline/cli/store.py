@@ -1,4 +1,4 @@
-"""`vta-pipeline store gc`: keep a store's size bounded (`vta_pipeline.store_gc`)."""
+"""`vta-pipeline store gc`: keep a store's size bounded (`vta_pipeline.store.gc`)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def store_gc_cmd(
     """Drop old builds that are neither current nor the best of their variant, quarantined and
     half-written leftovers, and old logs; merge each night's history parts. Tuning records,
     the history, runs and current builds are never dropped."""
-    from vta_pipeline import store_gc
+    from ..store import gc as store_gc
 
     def go() -> None:
         root = Path(store or "vta-store")

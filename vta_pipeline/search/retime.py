@@ -42,7 +42,7 @@ from typing import Any
 
 from ..boards import BoardSpec, pools
 from ..config import MeasureConfig
-from ..store import atomic_write_text, read_json
+from ..store.artifacts import atomic_write_text, read_json
 from .database import open_database, plain_json
 from .trial_log import fastest_secs, mean_secs
 from .work_dir import WorkDir

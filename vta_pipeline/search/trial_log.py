@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..store import atomic_write_text, fsync_dir, read_json
+from ..store.artifacts import atomic_write_text, fsync_dir, read_json
 from .work_dir import WorkDir
 
 FAILED = 1e10  # what MetaSchedule stores as the latency (s) of a failed measurement

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..search.work_dir import WorkDir
-from ..store import atomic_write_text
+from ..store.artifacts import atomic_write_text
 
 log = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ from typing import Any
 
 from filelock import FileLock
 
-from . import __version__
-from .errors import ConfigError
+from .. import __version__
+from ..errors import ConfigError
 from .hashing import canonical_json, sha256_file, sha256_json
 
 MANIFEST = "manifest.json"
