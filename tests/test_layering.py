@@ -77,3 +77,48 @@ def test_every_tuning_database_is_opened_with_our_intrinsics_registered():
         if "JSONDatabase(" in p.read_text() and p.relative_to(PKG).as_posix() != "search/database.py"
     ]
     assert not others, f"{others} open a MetaSchedule database without search.database.open_database"
+
+
+def _import_targets(path: Path) -> list[tuple[str, list[str]]]:
+    """(module, names) of every `from X import names` in `path`, lazy ones (inside functions) too."""
+    me = _module_name(path) if PKG in path.parents else None
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            if me is None:
+                continue  # tasks/, flows/: relative among themselves
+            package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            mod = f"{base}.{node.module}" if node.module else base
+        else:
+            mod = node.module or ""
+        if mod.split(".")[0] in ("vta_pipeline", "tasks", "flows"):
+            out.append((mod, [a.name for a in node.names]))
+    return out
+
+
+def test_every_import_of_our_own_modules_resolves_lazy_ones_included():
+    """A module moved or renamed must take every import of it along, including the imports
+    inside functions, which no import of the module itself runs (a board's state file was
+    written through one such import after boards.py became a package)."""
+    import importlib
+    import importlib.util
+
+    sources = [
+        p for d in ("vta_pipeline", "tasks", "flows", "tests", "benchmarks", "docs") for p in (ROOT / d).rglob("*.py")
+    ]
+    broken = []
+    for path in sources:
+        if "results" in path.relative_to(ROOT).parts:
+            continue
+        for mod, names in _import_targets(path):
+            if importlib.util.find_spec(mod) is None:
+                broken.append(f"{path.relative_to(ROOT)}: {mod}")
+                continue
+            module = importlib.import_module(mod)
+            for n in names:
+                if n != "*" and not hasattr(module, n) and importlib.util.find_spec(f"{mod}.{n}") is None:
+                    broken.append(f"{path.relative_to(ROOT)}: {mod}.{n}")
+    assert not broken, "imports that no longer resolve:\n" + "\n".join(broken)
