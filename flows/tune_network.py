@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import time
-from contextlib import ExitStack
 from typing import Any
 
 from prefect import flow
@@ -35,8 +34,9 @@ from tasks.deploy import build, compare_runtime, evaluate
 from tasks.history import record_history, regression_guard
 from tasks.model import extract_tasks, fetch_model, layout_model, pack_model, quantize_model
 from tasks.tune import pick_best, tune_task, tune_vta_task
-from vta_pipeline import boards, cpu_layout, history, report, steps
-from vta_pipeline.config import PipelineConfig, parse_hostport
+from vta_pipeline import cpu_layout, history, report, steps
+from vta_pipeline.boards.session import open_session
+from vta_pipeline.config import PipelineConfig
 from vta_pipeline.extract import load_tasks, select_tasks
 from vta_pipeline.fetch import check_model
 from vta_pipeline.search.rounds import TuningRounds
@@ -117,54 +117,8 @@ def _tune_network(
     def meta(ref):
         return json.loads((store.root / "steps" / ref["step"] / ref["key"] / "manifest.json").read_text())["meta"]
 
-    with ExitStack() as stack:
-        if cfg.board.tracker is None:
-            local = boards.LocalBoard(
-                key=key,
-                num_servers=cfg.board.local_servers,
-                log_dir=store.root / "logs",
-                threads=cfg.board.local_threads or target.cpu_threads,
-                server_module=target.server_module,
-            )
-            logger.info(
-                "starting a local board: tracker + %d rpc server(s) on 127.0.0.1, key %r, %d thread(s)",
-                local.num_servers,
-                key,
-                local.threads,
-            )
-            stack.enter_context(local)
-            tracker, want_threads = local.tracker, local.threads  # --local-threads: the user's choice
-        else:
-            tracker, want_threads = cfg.board.tracker, target.cpu_threads
-        host, port = parse_hostport(tracker)
-        n_boards = boards.preflight(host, port, key)
-        if cfg.board.max_boards:
-            n_boards = min(n_boards, cfg.board.max_boards)
-        health_ms = boards.health_check(host, port, key, dict(target.target_json), cross_compiler=target.cross_compiler)
-        logger.info(
-            "tracker %s: %d board(s) under key %r; health check passed (%.4f ms)", tracker, n_boards, key, health_ms
-        )
-        # Who the boards are: each trial and evaluation row names them; a board that runs
-        # another TVM, or other threads than the target is scheduled for, is refused here.
-        identities, problems = boards.check_boards(
-            host, port, key, n_boards, want_threads if target.cpu_threads else None, cfg.board.mismatch
-        )
-        for p in problems:
-            logger.warning("board.mismatch warn: %s", p)
-        board_threads = (identities[0].get("threads") if target.cpu_threads else None) or None
-        logger.info(
-            "boards under key %r: %s",
-            key,
-            "; ".join(
-                f"{b.get('name') or 'a stock rpc_server'} (TVM {b.get('tvm') or '?'}, {b.get('threads') or '?'} "
-                "thread(s))"
-                for b in identities
-            ),
-        )
-        if target.query_device:  # the board's own GPU limits, not a typical board's
-            params = boards.device_params(host, port, key, target.device)
-            target = target.with_device_params(params)
-            logger.info("%s limits read from a board under key %r: %s", target.device, key, params)
+    with open_session(cfg, target, store.root / "logs", logger) as session:
+        target, tracker, n_boards = session.target, session.tracker, session.boards
         tspec = target.spec  # what every task resolves: the preset plus what was read off the board
 
         fetched = fetch_model_(root, cfg.model.model_dump(mode="json"), cache)
@@ -216,14 +170,7 @@ def _tune_network(
         # One task run per tuning task, at most one per board in flight (tuning_rounds); a
         # task alone measures on several boards at once when there are more boards than tasks.
         rounds = TuningRounds(tasks, cfg.tune.trials_per_task, cfg.tune.allocation, in_flight=n_boards)
-        board = {
-            "tracker_host": host,
-            "tracker_port": port,
-            "key": key,
-            "num_boards": max(1, n_boards // rounds.in_flight),
-            "threads": board_threads,
-            **boards.describe_boards(identities),
-        }
+        board = session.board_spec(rounds.in_flight)
         work_dirs = {t.name: steps.tune_work_dir(store, t, target, key, cfg.tune.session) for t in tasks}
         trials = TrialProgress(
             work_dirs,
@@ -277,7 +224,7 @@ def _tune_network(
             return {"untuned": untuned_lib, "tuned": tuned_lib}
         ev_tuned = evaluate_(root, tuned_lib, model, tspec, tracker, key, ev_cfg, "tuned", cache)
         baseline = compare_runtime.with_options(**retry)(
-            root, cfg.model_dump(mode="json"), tspec, tuned_lib, fetched, tracker, key, board_threads, cache
+            root, cfg.model_dump(mode="json"), tspec, tuned_lib, fetched, tracker, key, session.threads, cache
         )
 
         # the result, and its guard, while the local board is up: the guard may time builds on it
