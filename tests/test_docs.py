@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 BENCHMARKS_README = ROOT / "benchmarks" / "README.md"
-PAGES = [README, *sorted(DOCS.glob("*.md")), BENCHMARKS_README]
+BENCHMARKS_HISTORY = ROOT / "benchmarks" / "HISTORY.md"
+PAGES = [README, *sorted(DOCS.glob("*.md")), BENCHMARKS_README, BENCHMARKS_HISTORY]
 DOCS_PAGES = (
     "index.md",
     "getting-started.md",
