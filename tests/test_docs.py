@@ -240,3 +240,12 @@ def test_the_readme_test_command_is_the_one_ci_runs():
         f"README installs the uv that CI pins ({uv_pin and uv_pin.group(0)})"
     )
     assert "uv sync --frozen" in " ".join(commands) and "uv sync --frozen" in test_cmd
+
+
+def test_benchmark_results_hold_results_not_scripts():
+    """Scripts live in benchmarks/ (run with their --help); a results directory holds what a
+    run wrote, and HISTORY.md the command that ran."""
+    scripts = sorted(
+        str(p.relative_to(ROOT)) for ext in ("*.py", "*.sh") for p in (ROOT / "benchmarks" / "results").rglob(ext)
+    )
+    assert not scripts, f"scripts inside benchmarks/results: {scripts}"
