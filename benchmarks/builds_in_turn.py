@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-from compare import MODELS, References, references
 
+from benchmarks.compare import MODELS, References, references
 from vta_pipeline import machine
 
 PAUSE_S = 0.5

@@ -44,11 +44,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-OUT = Path(__file__).resolve().parent / "results"
+from vta_pipeline import machine
 
-from vta_pipeline import machine  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+OUT = Path(__file__).resolve().parent / "results"
 
 # Per model: the input shape, its fp32 pack (region and channel block) and what the int8 path
 # needs (see tests/test_vta_networks.py). mobilenet_v2's fp32 packs right after its stem in
@@ -1072,10 +1071,15 @@ def main() -> None:
     # One board (tracker + 1 rpc server, TVM_NUM_THREADS=threads) for every TVM row: started
     # once, as a rack stays up between runs, instead of once per pipeline run (26 s here). One
     # server: two on one machine time candidates against each other on the same cores.
+    import importlib.util
+
     from vta_pipeline.boards import LocalBoard
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    from prefect_server import PrefectServer
+    spec = importlib.util.spec_from_file_location("prefect_server", ROOT / "tests" / "prefect_server.py")
+    prefect_server = importlib.util.module_from_spec(spec)
+    sys.modules["prefect_server"] = prefect_server
+    spec.loader.exec_module(prefect_server)  # the tests' real-server helper (tests/ is no package)
+    PrefectServer = prefect_server.PrefectServer
 
     with PrefectServer(services=False) as server:
         PREFECT_ENV.update(server.env())
@@ -1259,7 +1263,8 @@ def overhead_runs(args, res: dict[str, Any], one: Any, trials: int) -> None:
             out = subprocess.run(
                 [
                     sys.executable,
-                    __file__,
+                    "-m",
+                    "benchmarks.compare",
                     "--bare-loop",
                     str(args.store / "overhead-2"),
                     str(trials),

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-from compare import fp32_gemms, stats, timed
 
+from benchmarks.compare import fp32_gemms, stats, timed
 from vta_pipeline import machine
 
 # Both engines' thread pools spin-wait for the next job after each one; timed alternately in

@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 OUT = Path(__file__).resolve().parent / "results"
 ARMS = {
     "random": "random scores (the per-task model below 100 measurements: before)",

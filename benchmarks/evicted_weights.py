@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from conv_gap import Kernel
 
+from benchmarks.conv_gap import Kernel
 from vta_pipeline import machine
 from vta_pipeline.passes.packed_ops import PACKED_CONV
 from vta_pipeline.passes.winograd import GEMM

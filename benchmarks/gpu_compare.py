@@ -26,7 +26,6 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,17 +33,15 @@ from typing import Any, Callable
 
 import numpy as np
 
+from benchmarks import compare  # the CPU benchmark's model and statistics
+from vta_pipeline import boards, fetch, machine, steps
+from vta_pipeline import build as build_mod
+from vta_pipeline.config import EvalConfig, build_config, parse_hostport
+from vta_pipeline.extract import load_tasks, select_tasks
+from vta_pipeline.store.artifacts import ArtifactStore
+from vta_pipeline.targets import resolve_target
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import compare  # noqa: E402  (benchmarks/compare.py: the CPU benchmark's model and statistics)
-
-from vta_pipeline import boards, fetch, machine, steps  # noqa: E402
-from vta_pipeline import build as build_mod  # noqa: E402
-from vta_pipeline.config import EvalConfig, build_config, parse_hostport  # noqa: E402
-from vta_pipeline.extract import load_tasks, select_tasks  # noqa: E402
-from vta_pipeline.store.artifacts import ArtifactStore  # noqa: E402
-from vta_pipeline.targets import resolve_target  # noqa: E402
 
 SHAPE = (1, 3, 224, 224)
 

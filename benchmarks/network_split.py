@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from compare import ort_quantize, torch_model
-from conv_gap import SPIN, InstrumentedVM, alternating, ort_session
 
+from benchmarks.compare import ort_quantize, torch_model
+from benchmarks.conv_gap import SPIN, InstrumentedVM, alternating, ort_session
 from vta_pipeline import machine
 
 

@@ -12,17 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from vta_pipeline import baseline, fetch, machine
+from vta_pipeline.boards import LocalBoard
+from vta_pipeline.config import PipelineConfig
 
-from vta_pipeline import baseline, fetch, machine  # noqa: E402
-from vta_pipeline.boards import LocalBoard  # noqa: E402
-from vta_pipeline.config import PipelineConfig  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def tuned_build(store: Path) -> tuple[dict, Path, Path]:

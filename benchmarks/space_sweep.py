@@ -29,8 +29,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-from conv_gap import SPIN, Kernel, alternating, conv_model, kept_record, ort_session, task_conv_key, tuned_tasks
 
+from benchmarks.conv_gap import (
+    SPIN,
+    Kernel,
+    alternating,
+    conv_model,
+    kept_record,
+    ort_session,
+    task_conv_key,
+    tuned_tasks,
+)
 from vta_pipeline import machine
 
 

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from builds_in_turn import copy_gbps
 
+from benchmarks.builds_in_turn import copy_gbps
 from vta_pipeline import machine
 
 

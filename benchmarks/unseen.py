@@ -32,10 +32,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from vta_pipeline import machine
 
-from vta_pipeline import machine  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _two_conv(path: Path) -> tuple[int, ...]:

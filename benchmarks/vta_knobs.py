@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from dataclasses import asdict
@@ -22,15 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from vta_pipeline import machine
+from vta_pipeline.vta import conv
+from vta_pipeline.vta.conv import ConvWorkload, Epilogue
+from vta_pipeline.vta.simulator import CycleModel, Dram, Simulator
+from vta_pipeline.vta.tuner import KnobTuner, local_measure
+from vta_pipeline.vta_config import VTAConfig
 
-from vta_pipeline import machine  # noqa: E402
-from vta_pipeline.vta import conv  # noqa: E402
-from vta_pipeline.vta.conv import ConvWorkload, Epilogue  # noqa: E402
-from vta_pipeline.vta.simulator import CycleModel, Dram, Simulator  # noqa: E402
-from vta_pipeline.vta.tuner import KnobTuner, local_measure  # noqa: E402
-from vta_pipeline.vta_config import VTAConfig  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 RESNET18 = [  # (batch, height, width, in_filter, out_filter, kh, kw, pad_h, pad_w, stride_h, stride_w)
     (1, 56, 56, 64, 64, 3, 3, 1, 1, 1, 1),

@@ -13,21 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from vta_pipeline import history, steps  # noqa: E402
+from vta_pipeline import history, steps
 from vta_pipeline.boards import (
-    BoardSpec,  # noqa: E402
-    LocalBoard,  # noqa: E402
+    BoardSpec,
+    LocalBoard,
 )
-from vta_pipeline.config import MeasureConfig, ModelConfig, TuneConfig  # noqa: E402
-from vta_pipeline.extract import load_tasks  # noqa: E402
-from vta_pipeline.store.artifacts import ArtifactStore  # noqa: E402
-from vta_pipeline.targets import resolve_target  # noqa: E402
+from vta_pipeline.config import MeasureConfig, ModelConfig, TuneConfig
+from vta_pipeline.extract import load_tasks
+from vta_pipeline.store.artifacts import ArtifactStore
+from vta_pipeline.targets import resolve_target
 
 OUT = Path(__file__).resolve().parent / "results"
 
