@@ -3,11 +3,9 @@
 A classifier at batch 1 (mobilenet_v2's 1280 x 1000, resnet18's 512 x 1000) is a matrix-vector
 product: every weight is read once, so the layer runs at the speed memory delivers its
 weights. MetaSchedule's generic space tiles it as a GEMM, and the search times each
-candidate back to back: mobilenet_v2's 5 MB of weights stay warm in the last-level cache, where the best
-was a single-threaded nest (55 us on Zen 5, 2 vCPUs; parallel candidates 80-130 us). Inside
-the network those weights come from DRAM, and that kernel took 134-158 us, one core's
-bandwidth. The same search's best parallel candidate took 72 us there
-(`benchmarks/results/zen5_dense_ff0c13b`): two cores stream twice the bytes.
+candidate back to back, the weights warm in the last-level cache, where a single-threaded
+nest wins. Inside the network the weights come from DRAM: one core's bandwidth is then the
+limit, and two cores stream twice the bytes (measured: docs/performance.md, "The classifier").
 
 So for such a layer the parallel split is fixed, as the packed-conv space fixes its row
 bands: the output columns in chunks of `lanes` (a loop the core vectorizes, with an

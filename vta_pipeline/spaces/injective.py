@@ -7,19 +7,17 @@ transform, the unpack to NCHW before a stop (the global pool's, before pack VERS
 MetaSchedule's generic space has one schedule for such a function: every block inlined,
 all loops fused into one, split by 64, parallel outside and vectorized inside. Over a transpose that vector runs across the
 output's row-major order, so every lane's index is a chain of divisions and modulos of the
-fused loop and the loads gather. Measured (Intel Xeon, AVX-512, 2 threads) on mobilenet_v2
-int8's input quantize: 0.233 ms (MetaSchedule), 0.125 ms (TVM's default lowering: one
-thread, one loop nest per block), 0.016 ms with the output's own loops kept, the outer one
-parallel and the innermost (the 4 channels) vectorized; its unpack before the global pool
-0.047 / 0.037 -> 0.016 ms; the fp32 stem's layout transform 0.093 / 0.056 -> 0.013 ms. In
-the int8 network these three were 0.26 ms of 3.6.
+fused loop and the loads gather. Kept in the output's own loops, the outer one parallel and
+the innermost (the 4 channels) vectorized, such functions ran several times faster than
+either MetaSchedule's schedule or TVM's default lowering (one thread, one loop nest per
+block): the measurements are in docs/performance.md, "Layout transforms and quantizes".
 
 So for a task whose blocks are all spatial we search these schedules instead: the
 producers inlined into the block that writes the output, whose loops stay in the output's
 order; the first `depth` loops (0-2, loops of extent 1 not counted) fused into one parallel
 loop; the innermost loop vectorized (split into 16 lanes where it is longer than 64),
 unrolled (up to 32) or left alone. Each combination is its own design space (a choice made
-here in Python would hold for every candidate, see `packed_conv_space.design_spaces`), so
+here in Python would hold for every candidate, see `spaces.packed_conv.design_spaces`), so
 the search measures each once and stops ("search-exhausted"), in a handful of trials.
 MetaSchedule's own schedule is one more point (`flat`): on elementwise requantizes, whose
 input and output are both row-major, it is as fast as the best of the others. The

@@ -29,10 +29,8 @@ The float tile's width need not divide the output's (`reg_n` is ragged: the last
 row checks the bound per pixel). The widths of CNNs are 7 x 2^k (resnet's 56/28/14/7), whose
 divisors give tiles of 1, 2, 4, 7 or 8 pixels: on AVX2 a 16-lane chunk is two registers, so 4
 pixels leave the FMA units waiting on latency and 7 (14 accumulators, 2 weight vectors, the
-broadcast: 17 of 16 registers) spill. Measured on an AVX2 EPYC, 2 threads, each config timed
-in the same run: a 512->512 7x7 conv at 2.85 ms with the space's best divisor tile (7 pixels),
-2.2-2.4 ms with ragged tiles of 4-6 (ONNX Runtime: 2.09 ms); a 64->64 56x56 conv 1.88 -> 1.71
-ms (6 pixels; ORT 1.63). The bounds checks stay in the code: TIR's LoopPartition would peel
+broadcast: 17 of 16 registers) spill; ragged tiles of 4-6 pixels were faster on both kinds of
+width (docs/performance.md, "fp32 on a CPU"). The bounds checks stay in the code: TIR's LoopPartition would peel
 the last tile off under a `pragma_loop_partition_hint`, but in TVM 0.27 NarrowDataType renames
 the int64 loop variables after LowerOpaqueBlock turned the hint into an attribute of the old
 variable, so the hint never reaches its loop (checked on the lowered TIR: without
@@ -298,11 +296,9 @@ def _schedule_weights_once(sch, conv) -> None:
     In a network the weights are not in the caches: the nest over rows reads a chunk's weights
     from memory in its first row of tiles, at a few FMAs per cache line, and only the later
     rows find them in L2. Here a block of input chunks (tens of KB) is read from memory once
-    and reused from L1 by every tile of the output. Measured on resnet18's 7x7x512 conv
-    (Intel Xeon with AMX, 2 threads, the same 7 x 2-chunk tile; the weights evicted by
-    a copy of 64 / 256 MB between runs, as the network's other layers evict them): 1.22 /
-    1.31 ms over rows, 1.01-1.08 / 1.12-1.18 ms here with a block of one input chunk; warm,
-    0.85 and 0.77-0.80 ms."""
+    and reused from L1 by every tile of the output: with the weights evicted between runs, as
+    the network's other layers evict them, the faster nest (docs/performance.md, "reads each
+    block of weights once")."""
     b_o, c_o, oh, ow, b_i, c_i, k_o, d_i, d_j, k_i = sch.get_loops(conv)
     c_o_o, c_o_i = sch.split(c_o, sch.sample_perfect_tile(c_o, n=2, max_innermost_factor=MAX_OC_TILE))
     oh_o, oh_i = sch.split(oh, sch.sample_perfect_tile(oh, n=2, max_innermost_factor=MAX_REG_H))
@@ -328,9 +324,9 @@ def _row_bands(sch, rows, bands: int) -> tuple[Any, Any]:
     Why bands: each thread then writes the same rows of every conv's output, and the next
     conv reads them back from its own core's caches. Split by channels (this space's parallel
     loop until version 2), a thread's 1x1 conv reads the channels its partner wrote: when the
-    host places the two vCPUs on different Zen 5 CCDs (a core-to-core round trip of 400 ns,
-    not 95), a chain of such kernels measured 110 us per kernel against 21 us split by rows
-    (docs/performance.md)."""
+    host places the two vCPUs on different Zen 5 CCDs (a core-to-core round trip four times
+    as long), a chain of such kernels ran five times slower than split by rows
+    (docs/performance.md, "Each thread a band of output rows")."""
     extent = int(sch.get(rows).extent)
     if bands <= 1 or extent % bands:
         return None, rows
@@ -416,10 +412,8 @@ def _fuse_pixels(sch, conv, bands: int) -> bool:
     """Lay the conv's output (an intermediate before its epilogue) out as [.., H * W, ..], and
     iterate the conv and its epilogue over that one pixel axis, so a tile of pixels may span
     rows. On resnet's 7 x 7 outputs a row tile is 4 + 3 or 6 + 1 pixels (the short tile
-    leaves the FMA units waiting); 49 pixels in tiles of 5 or 6 are nearly all whole tiles.
-    Measured (AVX2 EPYC, 2 threads, each timed in the same run): 512->512 7x7 conv 2.25 ms
-    with the best row tile of 16 trials, 1.86-1.93 ms with 5-6 pixels over rows (ONNX
-    Runtime 1.90 ms); 256->256 14x14: 1.82 -> 1.72 ms (ORT 1.63).
+    leaves the FMA units waiting); 49 pixels in tiles of 5 or 6 are nearly all whole tiles,
+    and measured faster (docs/performance.md, "fp32 on a CPU").
 
     Where the pixels divide into `bands` (`_row_bands`), the axis is [.., band, pixel of the
     band, ..], and the tiles divide the band (`_split_width(whole=True)`): the tile's
@@ -627,8 +621,8 @@ def _pad_inside(sch, conv, outer) -> None:
     rows (and halo) of its own channel chunk just before reading them, from its own core's
     caches, instead of a parallel pass over the whole input first and a wait for every
     thread at its end. A depthwise chunk reads only its own channels, so nothing is padded
-    twice but the halo rows. Measured on mobilenet_v2's 10 depthwise tasks (Zen 5, 2 threads,
-    each kernel alone): 264 -> 212 us in all, 8-35% each. A conv that reads every input
+    twice but the halo rows; every depthwise task of mobilenet_v2 measured faster so
+    (docs/performance.md, "A depthwise conv pads inside its parallel loop"). A conv that reads every input
     channel would pad them all again for each chunk, so the others keep `_schedule_producers`."""
     for producer in sch.get_producers(conv):
         sch.compute_at(producer, outer, preserve_unit_loops=True)
@@ -710,7 +704,7 @@ def register_limit(target: Any) -> Any:
     """A postprocessor that rejects candidates whose register tile cannot fit the target's
     vector registers (`tile_registers`): MetaSchedule then samples another, instead of
     measuring a tile that spills to the stack (on AVX2, 7 pixels of a 16-lane float chunk
-    measured 2x slower than 6)."""
+    spill: docs/performance.md, "fp32 on a CPU")."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.postproc import PyPostproc
 

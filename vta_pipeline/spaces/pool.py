@@ -6,9 +6,9 @@ layout NCHW1n16c. The packed-conv space has each thread write one band of output
 MetaSchedule's generic space fuses the pool's outer loops in the layout's order (channel
 blocks, then rows) and splits that between the threads: one thread pools the first channel
 blocks of every row, so half of what each thread reads sits in the other core's cache.
-Timed alone, back to back, both splits read a warm input and measure the same; in the
-network they do not. On the AMX Xeon (2 threads) resnet18 fp32's max pool took 0.27 ms in the
-network against 0.09 ms alone (`xeon_amx_f2_e2caae5/split_f2x2`; ORT's MaxPool 0.17).
+Timed alone, back to back, both splits read a warm input and measure the same, so the search
+cannot tell them apart; in the network the row split is much the faster (measured:
+docs/performance.md, "The max pool in row bands").
 
 So the split is fixed here, as the dense and packed-conv spaces fix theirs: the producers
 (the pad) inlined, the loops reordered to (batch blocks, rows, channel blocks, columns,

@@ -2,8 +2,8 @@
 
 MetaSchedule's generic space tiles each of the conv's five reduction blocks on its own and
 never unrolls a transform's constant matrix, so its candidates evaluate TVM's `Select`
-chains of the matrices at run time: TOPI's NCHW Winograd tuned 64 trials took 1.05 ms for a
-56x56x64 conv that the direct packed kernel runs in 0.60. This space fixes what is known
+chains of the matrices at run time, slower than the direct packed kernel even after a long
+search (docs/performance.md, "Winograd for the 3x3 convs"). This space fixes what is known
 and samples only the GEMM's register tile:
 
     transforms: parallel over (tile, channel chunk); the 6 x 6 (F(2x2): 4 x 4) tile's two 1-D passes
@@ -17,23 +17,18 @@ and samples only the GEMM's register tile:
 Knobs (MetaSchedule sampling decisions, so records replay them and the search mutates
 them): the tiles per GEMM block (`px`, a divisor of the tile count up to MAX_PX) and the
 output chunks per block (`oc_tile`, up to MAX_OC_TILE), the shape that decides how many
-accumulators the GEMM keeps (px x oc_tile vectors: 7 x 2 and 4 x 4 were the fastest of
-4/7 x 2/4 on Zen 5 at 56x56x64 and 28x28x128).
+accumulators the GEMM keeps (px x oc_tile vectors; which is fastest depends on the shape).
 
 The GEMM's loop order is not a knob: weight-major ((e, n) outermost) reads each 6 x 6
 slice of the transformed weights once, where tile-major (tile blocks outermost, each
 sweeping all of U) reads U once per block. The tuner times a kernel with warm caches, where
-the two are close, but in the network U comes from memory: measured with the weights
-flushed from the caches (Zen 5, 2 threads, best tile of each), 56x56x64 0.261 vs 0.273 ms,
-28x28x128 0.261 vs 0.412, 14x14x256 (U is 9.4 MB) 0.343 vs 0.450; warm, weight-major was
-as fast or faster (0.218 / 0.180 / 0.199 vs 0.250 / 0.310 / 0.230).
+the two are close, but in the network U comes from memory, where weight-major is the faster
+on every shape measured, and warm it is as fast or faster (the measurements: docs/performance.md).
 
 Version 3 stores U as the GEMM reads it (`RewriteLayout`: [(e, n), oc block, k, oc lanes], where
 TOPI's [e, n, k, oc] gave each block of output channels 128 B of every 1 KB row) and prefetches
-the next oc block's run of it over the tile blocks of this one (`weight_prefetch`). Measured
-on resnet18's 14x14x256 F(2x2) conv (Intel Xeon with AMX, 2 threads, its best record; the
-kernel called in turn with 12 copies of U, as the network evicts it): 0.735 ms in TOPI's
-order, 0.594 laid out, 0.557 laid out and prefetching; warm 0.471, 0.417, 0.441.
+the next oc block's run of it over the tile blocks of this one (`weight_prefetch`): with U
+evicted, as the network evicts it, both made the kernel faster (docs/performance.md).
 """
 
 from __future__ import annotations
