@@ -63,7 +63,7 @@ def randomize(model: nn.Module, seed: int) -> nn.Module:
 def build_run(mod: tvm.IRModule, x: np.ndarray) -> np.ndarray:
     from tvm import relax
 
-    from vta_pipeline.relax_pipeline import lower_for_tuning
+    from vta_pipeline.passes.pipeline import lower_for_tuning
 
     ex = tvm.compile(lower_for_tuning(mod), target=TARGET)
     vm = relax.VirtualMachine(ex, tvm.cpu())

@@ -153,7 +153,7 @@ def test_blocked_sigmoid_and_swish_are_vector_polynomials_not_libm_calls_and_pla
     """A sigmoid's exp left to LLVM is a call to libm's expf per lane (x86 has no vector exp):
     inside a conv's write-back every call spills the register tile. Blocked tensors take TOPI's
     polynomial instead; a plain NCHW network (O0) keeps Relax's own lowering."""
-    from vta_pipeline.relax_pipeline import lower_for_tuning
+    from vta_pipeline.passes.pipeline import lower_for_tuning
 
     mod, x, ref, _ = _network("mbconv")
     blocked = lower_for_tuning(cpu_layout(mod)[0])
@@ -215,7 +215,7 @@ def test_a_tuned_build_from_the_packed_spaces_equals_pytorch(tmp_path):
     """One sampled candidate of every task (grouped convs take the packed conv space too), built
     as the build step builds, equals PyTorch's output."""
     from vta_pipeline.build import LIB, build_network
-    from vta_pipeline.relax_pipeline import lower_for_tuning
+    from vta_pipeline.passes.pipeline import lower_for_tuning
     from vta_pipeline.spaces import design_space
     from vta_pipeline.spaces import label as space_label
 

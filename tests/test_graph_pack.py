@@ -110,7 +110,7 @@ def test_the_start_operators_bias_activation_and_requantize_stay_unpacked_with_i
     # pack moves the int8 result; before, a second kernel packed c1's int32 output and then
     # added, shifted and clamped it (mobilenet_v2 from its stem: 0.62 ms of 6.4)
     from vta_pipeline.passes.graph import dtype_of
-    from vta_pipeline.relax_pipeline import lower_for_tuning
+    from vta_pipeline.passes.pipeline import lower_for_tuning
 
     _, q, x = blocks
     packed, rep = graph_pack(

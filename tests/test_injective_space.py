@@ -21,8 +21,8 @@ from vta_pipeline.build import LIB, build_network
 from vta_pipeline.config import MeasureConfig, TuneConfig
 from vta_pipeline.extract import load_tasks
 from vta_pipeline.passes.graph_pack import PackParams, graph_pack
+from vta_pipeline.passes.pipeline import lower_for_tuning
 from vta_pipeline.passes.quantize import QuantizeParams, quantize
-from vta_pipeline.relax_pipeline import lower_for_tuning
 from vta_pipeline.search.trial_log import read_state, task_work_dir
 from vta_pipeline.spaces import design_space
 from vta_pipeline.spaces import injective as injective_space

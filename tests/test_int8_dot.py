@@ -28,8 +28,8 @@ from vta_pipeline import emulate, int8_dot
 from vta_pipeline.build import LIB, build_network
 from vta_pipeline.passes.graph import op_sequence
 from vta_pipeline.passes.graph_pack import PackError, PackParams, graph_pack
+from vta_pipeline.passes.pipeline import lower_for_tuning
 from vta_pipeline.passes.quantize import QuantizeParams, quantize
-from vta_pipeline.relax_pipeline import lower_for_tuning
 from vta_pipeline.search.database import open_database
 
 HERE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # AVX2 (what CI and this machine run)
@@ -371,7 +371,7 @@ def test_tuned_weights_are_prepacked_once_at_build_time(tmp_path):
     target = tvm.target.Target(HERE)
     with target, ms.database.JSONDatabase(work_dir=str(tmp_path / "db")):
         scheduled = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(lowered)
-    from vta_pipeline.relax_pipeline import prepack_weights
+    from vta_pipeline.passes.pipeline import prepack_weights
 
     packed = prepack_weights(scheduled)
     names = [gv.name_hint for gv in packed.functions]

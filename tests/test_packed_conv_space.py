@@ -30,8 +30,8 @@ from vta_pipeline import emulate, int8_dot, intrin_registry
 from vta_pipeline.build import LIB, build_network
 from vta_pipeline.passes.cpu_layout import cpu_layout
 from vta_pipeline.passes.graph_pack import PackError, PackParams, graph_pack
+from vta_pipeline.passes.pipeline import lower_for_tuning
 from vta_pipeline.passes.quantize import QuantizeParams, quantize
-from vta_pipeline.relax_pipeline import lower_for_tuning
 from vta_pipeline.spaces import design_space
 from vta_pipeline.spaces import packed_conv as packed_conv_space
 

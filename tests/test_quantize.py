@@ -90,7 +90,7 @@ def test_a_float_max_pool_whose_output_is_only_quantized_pools_the_int8_values(b
     """resnet18's shape: a float stem conv (skipped), relu, max pool, then quantized convs and
     a residual add. Quantizing before the pool gives the same values (quantizing is
     monotonic), fuses the quantize into the stem conv's kernel and pools int8."""
-    from vta_pipeline.relax_pipeline import lower_for_tuning
+    from vta_pipeline.passes.pipeline import lower_for_tuning
 
     mod, x = blocks
     params = QuantizeParams(skip_conv_layers=(0,))
@@ -166,7 +166,7 @@ def test_weight_scales_are_powers_of_two_that_use_the_int8_range(blocks):
 
 
 def test_requantization_is_shift_and_min_max_and_fuses_into_the_conv(blocks):
-    from vta_pipeline.relax_pipeline import lower_for_tuning
+    from vta_pipeline.passes.pipeline import lower_for_tuning
 
     mod, _ = blocks
     q, _ = quantize(mod, QuantizeParams())

@@ -14,8 +14,8 @@ from int8_nets import TARGET, Blocks, randomize, to_relax
 from torch import nn
 from tvm import relax
 
+from vta_pipeline.passes.pipeline import lower_for_tuning
 from vta_pipeline.passes.quantize import QuantizeParams, fold_batch_norm, quantize
-from vta_pipeline.relax_pipeline import lower_for_tuning
 
 
 class Residual(nn.Module):

@@ -12,8 +12,8 @@ from tvm import relax
 
 from vta_pipeline import steps
 from vta_pipeline.config import build_config
+from vta_pipeline.passes.pipeline import lower_for_tuning
 from vta_pipeline.passes.vta_offload import offload_convs
-from vta_pipeline.relax_pipeline import lower_for_tuning
 from vta_pipeline.store.artifacts import ArtifactStore
 from vta_pipeline.vta import runtime
 from vta_pipeline.vta.conv import ConvWorkload, Epilogue, Knobs, knob_space

@@ -21,7 +21,7 @@ from tvm.sym import Analyzer
 from vta_pipeline import intrin_registry, weight_prefetch
 from vta_pipeline.boards.builder import fast_build
 from vta_pipeline.passes.graph_pack import PackParams, graph_pack
-from vta_pipeline.relax_pipeline import lower_for_tuning
+from vta_pipeline.passes.pipeline import lower_for_tuning
 
 
 @pytest.fixture(scope="module")

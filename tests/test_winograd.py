@@ -27,7 +27,7 @@ from vta_pipeline.boards import builder as ms_build
 from vta_pipeline.build import LIB, build_network
 from vta_pipeline.passes import winograd
 from vta_pipeline.passes.graph_pack import PackParams, graph_pack
-from vta_pipeline.relax_pipeline import lower_for_tuning
+from vta_pipeline.passes.pipeline import lower_for_tuning
 from vta_pipeline.spaces import design_space
 from vta_pipeline.spaces import label as space_label
 from vta_pipeline.spaces import winograd as winograd_space

@@ -64,8 +64,8 @@ def build_network(
 
         mod, vta_applied = with_knobs(mod, {k: Knobs(**v) for k, v in vta_knobs.items()})
     if best_db_dir is not None:
+        from .passes.pipeline import prepack_weights
         from .pick_best import open_db
-        from .relax_pipeline import prepack_weights
 
         db = open_db(best_db_dir)  # with the intrinsics that tensorized records name registered
         with target, db:

@@ -176,7 +176,7 @@ def extract_tasks(
     from tvm.s_tir.analysis import estimate_tir_flops
 
     from .fetch import load_module
-    from .relax_pipeline import lower_for_tuning
+    from .passes.pipeline import lower_for_tuning
     from .workload_keys import workload_key
 
     target = tvm.target.Target(target_spec)

@@ -1,4 +1,5 @@
-"""Relax passes of the int8 VTA path: quantize, graph pack, and the packed operators' lowering.
+"""Relax passes: the lowering every extraction and build shares (`pipeline`), then one pass per
+concern: quantize, graph pack, the packed operators, the CPU layout, Winograd, VTA offload.
 
 One pass per module; each is a plain function over an IRModule (testable without the
 pipeline) and a `tvm.ir.transform` module pass.

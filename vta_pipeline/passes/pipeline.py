@@ -26,7 +26,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from .passes.packed_ops import legalize_map
+from .packed_ops import legalize_map
 
 KERNEL_LAYOUT = {"NHWC": "HWIO"}
 
