@@ -167,8 +167,8 @@ def population_size(round_size: int) -> int:
 
     MetaSchedule's default, 512 schedules evolved for 4 generations, is sized for its
     default rounds of 64 candidates (8 per measured one). Our rounds measure 1-16, and the
-    population's sampling and evolution cost grows with its size: on a resnet18 conv here
-    the first round took 20.7 s to propose 4 candidates with 512, 4.9 s with 128. 32 per
+    population's sampling and evolution cost grows with its size (several times the CPU for
+    512 as for 128: docs/performance.md, "The evolutionary search's population"). 32 per
     measured candidate, between 64 and 512, keeps 4x MetaSchedule's ratio for choice."""
     return max(64, min(512, 32 * round_size))
 
@@ -179,11 +179,9 @@ def genetic_iters(round_size: int) -> int:
 
     Evolution optimizes the cost model's score, and at the budgets that use such rounds the
     model has seen too little to rank well (benchmarks/cost_model.py: random scores did as
-    well at 8 trials per task): the search's time went to polishing a guess. Over resnet18's
-    15 fp32 conv tasks at 2 trials each, tuned one at a time on 2 local boards: 64 schedules
-    for 2 generations took 65 s, 128 for 4 took 290 s (144 s without one task whose
-    candidate hung), and the network estimate (best ms x weight) was 468 vs 516 ms, within
-    the noise of 2 trials."""
+    well at 8 trials per task): the search's time went to polishing a guess. On resnet18's
+    conv tasks at 2 trials each the shorter search took a fraction of the time for an estimate
+    of the network within the noise of 2 trials (docs/performance.md)."""
     return 2 if round_size <= 4 else 4
 
 

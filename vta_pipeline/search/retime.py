@@ -3,11 +3,8 @@
 Why: while tuning, each candidate is measured once, in its own round, minutes apart from the
 others, on hosts whose speed moves 1.4x within minutes (a shared machine, a board warming up).
 The record with the lowest latency is then often one that was measured in a fast minute, not
-the fastest schedule. Measured on resnet18 fp32 tuned to 64 trials/task (Intel Xeon, AVX-512,
-2 threads): every conv task's 8 best records re-timed in turn, 5 rounds; in 13 of 15 tasks the
-fastest was not the recorded best, by up to 22% (a 7x7 512->512 conv with its residual add:
-recorded best 1.00 ms, re-timed winner 0.80 ms; `benchmarks/space_sweep.py` had found the
-same schedule the fastest of its whole design space).
+the fastest schedule: re-timed in turn, most tasks' fastest record was not the recorded best
+(docs/performance.md, "re-timed in turn").
 
 So after the search the task's `top` best records (those recorded within `within` x the best:
 a record further off is slower, not unlucky) are built and measured again on the board
@@ -23,14 +20,10 @@ With flushed caches (`tune.retime_caches="flushed"`, or auto: flushed on 64-bit 
 CPUs): the search times a candidate back to back, so every run after the first finds the
 weights in the caches, while inside a network a layer's weights were last read a whole
 inference ago (resnet18's fp32 weights are 47 MB), and schedules differ in how often they read
-each weight again: a 7x7 512->512 conv's kept record took 0.98 ms warm and 2.35 flushed,
-another schedule of its space 1.16 and 1.68 (`benchmarks/results/r18_curve64_8725573/sweep`).
+each weight again: a schedule that wins warm can lose flushed (docs/performance.md).
 Flushed, each candidate runs once per repeat after the runner flushed every argument but the
 input (the layer before just wrote it). Warm stays the default because the network did not
-get faster: resnet18 fp32, the same records (8 trials/task) re-timed both ways, the two builds
-in turn with ONNX Runtime over 30 rounds, three times: warm / flushed 1.152x / 1.117x,
-1.145x / 1.196x, 1.091x / 1.162x of it; mobilenet_v2 fp32 1.011x / 1.013x
-(`benchmarks/results/r18_flush_bb834b0`).
+get faster with flushed re-times (`benchmarks/results/r18_flush_bb834b0`, in docs/performance.md).
 """
 
 from __future__ import annotations
