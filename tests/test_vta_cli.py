@@ -67,7 +67,7 @@ def test_an_unpackable_region_fails_before_tuning_and_keeps_the_finished_steps(t
 
 
 def test_a_one_conv_onnx_model_names_its_file_and_the_skip_fix(tmp_path):
-    from test_importers import _tiny_onnx
+    from test_fetch import _tiny_onnx
 
     onnx_file = _tiny_onnx(tmp_path / "oneconv.onnx")
     model = [
