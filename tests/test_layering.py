@@ -96,9 +96,7 @@ def _import_targets(path: Path) -> list[tuple[str, list[str]]]:
             mod = node.module or ""
         if mod.split(".")[0] in ("vta_pipeline", "tasks", "flows", "benchmarks"):
             out.append((mod, [a.name for a in node.names]))
-        elif (
-            path.parent.name == "tests" and (ROOT / "tests" / f"{mod}.py").exists() is False and mod.startswith("test_")
-        ):
+        elif path.parent.name == "tests" and mod.startswith("test_") and not (ROOT / "tests" / f"{mod}.py").exists():
             out.append((f"tests.{mod}", []))  # a test module another test imports by name, renamed or gone
     return out
 
