@@ -36,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 
+from vta_pipeline.errors import UserError
+
 POLL_S = 0.5
 """How often the keeper looks at the run's process: a run's end is recorded within a second."""
 
@@ -78,7 +80,7 @@ class LocalApi:
         line = self.keeper.stdout.readline().decode(errors="replace").strip()  # the keeper times out itself
         self.keeper.stdout.close()
         if not line.startswith("http"):
-            raise RuntimeError(
+            raise UserError(
                 f"Prefect's API server for this run did not start ({line or 'no answer'}); its "
                 f"log is in {self.log_path}. Set PREFECT_API_URL to a running server "
                 f"(`prefect server start`) to use that one instead."
