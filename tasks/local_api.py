@@ -30,12 +30,12 @@ import atexit
 import logging
 import os
 import select
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from vta_pipeline.boards.tracker import free_port
 from vta_pipeline.errors import UserError
 
 POLL_S = 0.5
@@ -119,12 +119,6 @@ class LocalApi:
 
 
 # ---- the keeper ---------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _healthy(url: str) -> bool:
     import urllib.error
     import urllib.request
@@ -142,7 +136,7 @@ def _start_server(parent: int, timeout_s: float, log: logging.Logger) -> tuple[s
     env.pop("PREFECT_API_URL", None)
     deadline = time.monotonic() + timeout_s
     for attempt in range(3):  # a port taken between the check and the bind: another one
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}/api"
         server = subprocess.Popen(
             [

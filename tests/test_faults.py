@@ -706,11 +706,7 @@ def test_sigkill_of_a_run_leaves_no_process_then_the_rerun_resumes_and_marks_it_
     assert done.stdout.count(", run took ") == 1  # the result tables, printed once
     fetches = [e for e in store.events() if e.get("step") == "fetch" and e["event"] == "computed"]
     assert len(fetches) == 1  # taken from the store by the rerun
-    for k, rows in _all_trials(store).items():
-        assert [r["trial"] for r in rows] == list(range(len(rows)))
-        assert len({r["schedule_hash"] for r in rows}) == len(rows) == 4
-        kept = before.get(k, [])
-        assert [r["schedule_hash"] for r in rows[: len(kept)]] == kept  # what was recorded stays, not redone
+    _assert_resumed(store, before)
     rerun = [e["flow_run_id"] for e in store.events() if e["event"] == "run_started"][-1]
     states = _flow_run_states(tmp_path / "prefect", [killed, rerun])
     assert states[killed]["state"] == "CRASHED" and "died" in states[killed]["message"]
@@ -760,6 +756,16 @@ def test_a_run_killed_with_its_keeper_is_marked_crashed_by_the_next_run_on_the_s
         tasks = c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
     assert run.state.type.value == "CRASHED" and "found by the next run" in run.state.message, run.state
     assert [t.state.type.value for t in tasks] == ["CRASHED"]
+
+
+def _assert_resumed(store: ArtifactStore, before: dict[str, list[str]]) -> None:
+    """After a rerun: each task's 4 trials indexed 0..3, no schedule measured twice, and what
+    was recorded before (`before`: task -> schedule hashes) kept as it was, not redone."""
+    for k, rows in _all_trials(store).items():
+        assert [r["trial"] for r in rows] == list(range(len(rows)))
+        assert len({r["schedule_hash"] for r in rows}) == len(rows) == 4
+        kept = before.get(k, [])
+        assert [r["schedule_hash"] for r in rows[: len(kept)]] == kept
 
 
 def _wait_for_gone(pids: list[int], what: str, timeout_s: float = 60) -> None:
@@ -827,10 +833,7 @@ def test_ctrl_c_stops_a_run_at_once_with_one_message_and_no_process_left(tmp_pat
     kept = {k: [r["schedule_hash"] for r in v] for k, v in _all_trials(store).items()}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    for k, rows in _all_trials(store).items():
-        assert [r["trial"] for r in rows] == list(range(len(rows)))
-        assert len({r["schedule_hash"] for r in rows}) == len(rows) == 4
-        assert [r["schedule_hash"] for r in rows[: len(kept.get(k, []))]] == kept.get(k, [])
+    _assert_resumed(store, kept)
 
 
 # ---- 8. two runs on one store at once ------------------------------------------------------------

@@ -21,20 +21,24 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path) -> set[str]:
-    """Every module `path` imports, absolute names."""
+def _from_module(path: Path, node: ast.ImportFrom) -> str:
+    """The absolute module a `from ... import` in `path` (a module of ours) names."""
+    if not node.level:
+        return node.module or ""
     me = _module_name(path)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+    return f"{base}.{node.module}" if node.module else base
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module `path` imports, absolute names."""
     out: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                mod = f"{base}.{node.module}" if node.module else base
-            else:
-                mod = node.module or ""
+            mod = _from_module(path, node)
             out.add(mod)
             out |= {f"{mod}.{a.name}" for a in node.names}  # `from . import tune` names a module
     return out
@@ -81,19 +85,13 @@ def test_every_tuning_database_is_opened_with_our_intrinsics_registered():
 
 def _import_targets(path: Path) -> list[tuple[str, list[str]]]:
     """(module, names) of every `from X import names` in `path`, lazy ones (inside functions) too."""
-    me = _module_name(path) if PKG in path.parents else None
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if not isinstance(node, ast.ImportFrom):
             continue
-        if node.level:
-            if me is None:
-                continue  # tasks/, flows/: relative among themselves
-            package = me if path.name == "__init__.py" else me.rpartition(".")[0]
-            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-            mod = f"{base}.{node.module}" if node.module else base
-        else:
-            mod = node.module or ""
+        if node.level and PKG not in path.parents:
+            continue  # tasks/, flows/: relative among themselves
+        mod = _from_module(path, node)
         if mod.split(".")[0] in ("vta_pipeline", "tasks", "flows", "benchmarks"):
             out.append((mod, [a.name for a in node.names]))
         elif path.parent.name == "tests" and mod.startswith("test_") and not (ROOT / "tests" / f"{mod}.py").exists():

@@ -22,28 +22,30 @@ MetaSchedule's generic space (with our dot-product rule, `int8_dot`) takes the r
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 from .. import int8_dot
 from . import dense, injective, packed_conv, pool, winograd
 
 
-class Space:
-    """One design space: override `kind` (which tasks it takes) and `generator`; `name` and
+class Space(ABC):
+    """One design space: `kind` (which tasks it takes) and `generator` are its own; `name` and
     `version` make its label and its versions."""
 
     name: str = ""
     version: int | None = None
 
+    @abstractmethod
     def kind(self, workload: Any, target: Any) -> str | None:
         """None: not this space's task; else the kind of task ("" when the space has one kind)."""
-        raise NotImplementedError
 
     def label(self, kind: str, workload: Any) -> str:
         return self.name if self.version is None else f"{self.name}:{self.version}"
 
+    @abstractmethod
     def generator(self, target: Any, kind: str, workload: Any, failures: Any = None) -> Any:
-        raise NotImplementedError
+        """MetaSchedule's space generator for a task of `kind`."""
 
     def versions(self) -> dict[str, int]:
         return {} if self.version is None else {self.name: self.version}
