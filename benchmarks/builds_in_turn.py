@@ -21,7 +21,7 @@ Runtime's moved 1% (40 rounds, `results/zen5_all_f010123/host`): the host moves 
 between placements that our kernels feel and MLAS's hardly do. When the rounds fall into two such levels, the report
 gives each build's ratio in each.
 
-    uv run python benchmarks/builds_in_turn.py --model mobilenet_v2 --int8 \\
+    uv run python -m benchmarks.builds_in_turn --model mobilenet_v2 --int8 \\
         --build before=/store/pipeline/steps/build/<key>/model.so \\
         --build after=/store/pipeline/steps/build/<key2>/model.so --out benchmarks/results/<run>
 
@@ -39,11 +39,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from benchmarks.compare import MODELS, References, references
+from benchmarks.lib.models import MODELS
+from benchmarks.lib.peaks import HOST_PROBE_BYTES, copy_gbps
+from benchmarks.lib.references import References, references
 from vta_pipeline import machine
 
 PAUSE_S = 0.5
-HOST_PROBE_BYTES = 256 << 20
 HOST_STATES_APART = 1.3  # the probe's fastest and slowest rounds this far apart: two host states
 
 
@@ -55,20 +56,6 @@ def best_wall_ms(fn: Callable[[], Any], number: int, repeat: int) -> float:
             fn()
         times.append((time.perf_counter() - t) / number)
     return 1e3 * min(times)
-
-
-def copy_gbps() -> float:
-    """The host's copy bandwidth now, on torch's threads (the run's): the best of 3 copies."""
-    import torch
-
-    a = torch.ones(HOST_PROBE_BYTES // 4)
-    b = torch.empty_like(a)
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        b.copy_(a)
-        best = min(best, time.perf_counter() - t)
-    return 2 * HOST_PROBE_BYTES / best / 1e9
 
 
 def in_turn(

@@ -7,7 +7,7 @@ twice, same seed, same budget, same board, each arm in a fresh store: with rando
 (what the per-task model amounted to below 100 measurements) and with the shared model.
 It prints each task's best latency and the network's conv time (best x weight, summed).
 
-    uv run python benchmarks/cost_model.py --model resnet18 --trials 8
+    uv run python -m benchmarks.cost_model --model resnet18 --trials 8
 
 Results: benchmarks/results/cost_model.json and cost_model.md.
 """

@@ -14,7 +14,7 @@ Artifacts are pick-best step directories of a pipeline store (each holds the bes
 every task of one build: `<store>/pipeline/steps/pick_best/<key>`, its build's manifest names
 it as `inputs.best`); kernels are matched by workload, so two stores of one network line up.
 
-    uv run python benchmarks/evicted_weights.py \\
+    uv run python -m benchmarks.evicted_weights \\
         --records before=/store/pipeline/steps/pick_best/<key> --records after=<key2 dir> \\
         --out benchmarks/results/<run>
 
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.conv_gap import Kernel
+from benchmarks.lib.kernels import Kernel
 from vta_pipeline import machine
 from vta_pipeline.passes.packed_ops import PACKED_CONV
 from vta_pipeline.passes.winograd import GEMM

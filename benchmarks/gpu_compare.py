@@ -14,7 +14,7 @@ host move), each as the median of `--runs` batch-1 inferences of the same random
 model (seed 0), synchronised per run. ONNX Runtime's CUDA provider needs the onnxruntime-gpu
 package; where the installed onnxruntime has no CUDA provider, its row says so.
 
-    python benchmarks/gpu_compare.py --out benchmarks/results/gpu_<commit>    # on a GPU machine
+    python -m benchmarks.gpu_compare --out benchmarks/results/gpu_<commit>    # on a GPU machine
 
 Results: compare.json and compare.md in `--out`.
 """
@@ -33,7 +33,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from benchmarks import compare  # the CPU benchmark's model and statistics
+from benchmarks.lib import timing
+from benchmarks.lib.references import torch_model
 from vta_pipeline import boards, fetch, machine, steps
 from vta_pipeline import build as build_mod
 from vta_pipeline.config import EvalConfig, build_config, parse_hostport
@@ -137,7 +138,7 @@ def tf32(allow: bool | None):
 
 def stats(ms: list[float]) -> dict[str, float]:
     """compare.py's statistics, and the fastest run."""
-    return {**compare.stats(ms), "min_ms": float(np.min(ms))}
+    return {**timing.stats(ms), "min_ms": float(np.min(ms))}
 
 
 class Frameworks:
@@ -150,7 +151,7 @@ class Frameworks:
 
         import torch
 
-        self.model = compare.torch_model(name, seed).cuda()
+        self.model = torch_model(name, seed).cuda()
         self.x_cpu = np.random.default_rng(seed).standard_normal(SHAPE).astype("float32")
         self.x = torch.from_numpy(self.x_cpu).cuda()
         self.model_cl = copy.deepcopy(self.model).to(memory_format=torch.channels_last)

@@ -12,7 +12,7 @@ per-task best (`compare.md`'s "where the time goes") is each kernel with warm ca
 this is each where it runs, and when --build lies in a pipeline store (its manifest names
 the pick-best artifact) the two stand side by side, kernel by kernel.
 
-    uv run python benchmarks/network_split.py --model resnet18 --int8 \\
+    uv run python -m benchmarks.network_split --model resnet18 --int8 \\
         --build /work/store-int8all/pipeline/steps/build/<key>/model.so --out benchmarks/results/<run>
 
 Both engines run with spinning thread pools off (as in `conv_gap.py`: one engine's spinning
@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.compare import ort_quantize, torch_model
-from benchmarks.conv_gap import SPIN, InstrumentedVM, alternating, ort_session
+from benchmarks.lib.kernels import SPIN, InstrumentedVM, alternating, ort_session
+from benchmarks.lib.references import ort_quantize, torch_model
 from vta_pipeline import machine
 
 

@@ -1,7 +1,7 @@
 """Re-time the tuned builds that `unseen.py` left in its stores against ONNX Runtime fp32, in turn
 (`baseline.compare`, with the rest between engines), on a fresh local board.
 
-    uv run python benchmarks/retime_unseen.py two_conv googlenet --store /tmp/vta-unseen --out DIR
+    uv run python -m benchmarks.retime_unseen two_conv googlenet --store /tmp/vta-unseen --out DIR
 
 Prints each network's medians and rounds; writes retimed_with_rest_between_engines.json into
 --out, with the CPU, LLVM mcpu, threads and commit.

@@ -11,7 +11,7 @@ one run of each in turn, in rounds (as `conv_gap.py` does: the host moves 1.5x w
 minutes), and each is also timed hot and with its weights and output flushed from the
 caches (MetaSchedule's `cache_flush_cpu_non_first_arg`, the tuner's `enable_cpu_cache_flush`).
 
-    uv run python benchmarks/space_sweep.py --run benchmarks/results/<dir> --store <its --store> \\
+    uv run python -m benchmarks.space_sweep --run benchmarks/results/<dir> --store <its --store> \\
         --what "resnet18 fp32 packed stem-packed" --conv "7x7x512->512 3x3/1"
 
 `--conv` is a `conv_gap.conv_key` (input HxWxC->OC, window/stride, "+res" for a fused
@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from benchmarks.conv_gap import (
+from benchmarks.lib.kernels import (
     SPIN,
     Kernel,
     alternating,

@@ -12,7 +12,7 @@ Each round prints the host's two-thread copy bandwidth (the same probe as
 `builds_in_turn.py`: on the Zen 5 VM it sat near 40 GB/s with both vCPUs on one CCD and near
 65-75 across two) and the microseconds per kernel of each chain, best of 5 x 200 kernels:
 
-    uv run python benchmarks/thread_locality.py --rounds 20 --out benchmarks/results/<run>
+    uv run python -m benchmarks.thread_locality --rounds 20 --out benchmarks/results/<run>
 
 Writes thread_locality.{md,json} into --out.
 """
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.builds_in_turn import copy_gbps
+from benchmarks.lib.peaks import copy_gbps
 from vta_pipeline import machine
 
 

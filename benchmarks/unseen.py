@@ -13,8 +13,8 @@ grouped convs (regnet_x_400mf), depthwise + squeeze-excitation + swish / hardswi
 it, from an ONNX file written here), and the two-conv ONNX network whose 72 / 120 / 40
 channels no block of 16 divides.
 
-    uv run python benchmarks/unseen.py --trials 32 --out benchmarks/results/unseen_<cpu>_<commit>
-    uv run python benchmarks/unseen.py --networks two_conv,squeezenet1_1 --trials 8   # a quick look
+    uv run python -m benchmarks.unseen --trials 32 --out benchmarks/results/unseen_<cpu>_<commit>
+    uv run python -m benchmarks.unseen --networks two_conv,squeezenet1_1 --trials 8   # a quick look
 
 Results: unseen.json and unseen.md in --out (the CPU, LLVM mcpu, ISA flags, threads, commit
 and budget with them); each network's store stays under --store for conv_gap.py.

@@ -7,7 +7,7 @@ VTA's peak (BATCH x BLOCK_IN x BLOCK_OUT x 2 ops per cycle). The best config of 
 run functionally and checked bit for bit against numpy. Prints a table and writes
 `vta_knobs.json` / `vta_knobs.md` to --out.
 
-    uv run python benchmarks/vta_knobs.py --trials 32 --strategy xgb --out DIR
+    uv run python -m benchmarks.vta_knobs --trials 32 --strategy xgb --out DIR
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ it cold again, with the same budget, on the same local board. Printed side by si
 best, the trial at which B's and C's own measurements first reached it (or "-"), and their
 best-so-far latency at a few points. Results go to benchmarks/results/warm_start.{json,md}.
 
-    uv run python benchmarks/warm_start.py --model tinynet --trials 32 --tasks 2
+    uv run python -m benchmarks.warm_start --model tinynet --trials 32 --tasks 2
 """
 
 from __future__ import annotations

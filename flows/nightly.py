@@ -25,12 +25,12 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
 
-from flows.tune_network import tune_network
-from tasks.dask_runner import with_task_runner
 from vta_pipeline.config import PipelineConfig, build_config
 from vta_pipeline.errors import ConfigError
 from vta_pipeline.fetch import check_model
+from vta_pipeline.flows.tune_network import tune_network
 from vta_pipeline.targets import resolve_target
+from vta_pipeline.tasks.dask_runner import with_task_runner
 
 NIGHT_TIMEOUT_S = 20 * 3600
 """A night that is still running 20 h after it started is failed by Prefect (TimeoutError), so

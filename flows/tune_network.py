@@ -15,7 +15,6 @@ markdown report with the tuning curves and the latency per night as pictures.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -27,23 +26,22 @@ from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
 from prefect.states import Completed
 
-from tasks import crashed_runs
-from tasks.artifacts import TrialProgress, publish
-from tasks.common import results_dir, retry_settings
-from tasks.deploy import build, compare_runtime, evaluate
-from tasks.history import record_history, regression_guard
-from tasks.model import extract_tasks, fetch_model, layout_model, pack_model, quantize_model
-from tasks.tune import pick_best, tune_task, tune_vta_task
-from vta_pipeline import cpu_layout, history, report, steps
+from vta_pipeline import cpu_layout, report, steps
 from vta_pipeline.boards.session import open_session
 from vta_pipeline.config import PipelineConfig
 from vta_pipeline.extract import load_tasks, select_tasks
 from vta_pipeline.fetch import check_model
 from vta_pipeline.search.rounds import TuningRounds
-from vta_pipeline.search.work_dir import WorkDir
 from vta_pipeline.store import gc as store_gc
 from vta_pipeline.store.artifacts import ArtifactStore, CachePolicy
 from vta_pipeline.targets import resolve_target
+from vta_pipeline.tasks import crashed_runs
+from vta_pipeline.tasks.artifacts import TrialProgress, publish
+from vta_pipeline.tasks.common import results_dir, retry_settings
+from vta_pipeline.tasks.deploy import build, compare_runtime, evaluate
+from vta_pipeline.tasks.history import record_history, regression_guard
+from vta_pipeline.tasks.model import extract_tasks, fetch_model, layout_model, pack_model, quantize_model
+from vta_pipeline.tasks.tune import pick_best, tune_task, tune_vta_task
 from vta_pipeline.vta import tasks as vta_tasks_mod
 
 # Prefect forwards the loggers named in PREFECT_LOGGING_EXTRA_LOGGERS to the run's logs (the
@@ -56,7 +54,8 @@ for _name in filter(None, (n.strip() for n in os.environ.get("PREFECT_LOGGING_EX
 
 @flow(name="tune_network", log_prints=True)
 def tune_network(config: dict[str, Any], cache: str = "on", stop_after: str | None = None) -> dict[str, Any]:
-    """Tune a network on the boards behind a tracker; returns the run's result dict.
+    """Tune a network on the boards behind a tracker; returns the run's result as JSON
+    (`report.RunResult`, as the store keeps it), so a deployment's caller needs no import.
 
     `config` is a PipelineConfig as JSON. Without a tracker in it, a local board (tracker +
     rpc servers on 127.0.0.1) is started for the run. `stop_after` ("extract", "tune",
@@ -114,52 +113,39 @@ def _tune_network(
     tune_task_, tune_vta_, evaluate_ = (t.with_options(**res, **retry) for t in (tune_task, tune_vta_task, evaluate))
     key = cfg.board.key
 
-    def meta(ref):
-        return json.loads((store.root / "steps" / ref["step"] / ref["key"] / "manifest.json").read_text())["meta"]
-
     with open_session(cfg, target, store.root / "logs", logger) as session:
-        target, tracker, n_boards = session.target, session.tracker, session.boards
+        target, tracker = session.target, session.tracker
         tspec = target.spec  # what every task resolves: the preset plus what was read off the board
 
+        # the network: fetched, then (int8) quantized, graph packed or laid out for the CPU
         fetched = fetch_model_(root, cfg.model.model_dump(mode="json"), cache)
-        model, quantized, packed = fetched, None, None
+        model, transforms = fetched, []
         if cfg.quantize.enabled:
-            model = quantized = quantize_(root, model, cfg.quantize.model_dump(mode="json"), cfg.model.seed, cache)
+            model = quantize_(root, model, cfg.quantize.model_dump(mode="json"), cfg.model.seed, cache)
+            transforms.append(model)
         if cfg.pack.enabled:
-            model = packed = pack_(
-                root, model, cfg.pack.model_dump(mode="json"), cfg.vta.model_dump(mode="json"), cache
-            )
+            model = pack_(root, model, cfg.pack.model_dump(mode="json"), cfg.vta.model_dump(mode="json"), cache)
+            transforms.append(model)
         recipe = cpu_layout.recipe(cfg, target)
-        logger.info(
-            "optimization %s on %s: %s",
-            cfg.opt,
-            target.name,
-            "every conv blocked" + (", Winograd 3x3" if recipe.winograd else "")
-            if recipe.blocked
-            else "graph pack's layout"
-            if cfg.pack.enabled
-            else "plain NCHW, TVM's generic spaces",
-        )
+        logger.info("optimization %s on %s: %s", cfg.opt, target.name, recipe.describe(cfg.pack.enabled))
         if recipe.blocked:
-            model = packed = layout_(root, model, cpu_layout.layout_config(recipe, target.target_json), cache)
+            model = layout_(root, model, cpu_layout.layout_config(recipe, target.target_json), cache)
+            transforms.append(model)
+
+        # its tuning tasks: TIR tasks for MetaSchedule, knob tasks for the convs VTA runs
         offload = steps.offload_config(cfg, target)
         vta = offload.model_dump(mode="json") if offload is not None else None
         extracted = extract_tasks_(root, model, tspec, cache, vta)
         vta_tasks = vta_tasks_mod.load_tasks(extracted["path"]) if vta else []
         if vta:
-            logger.info(
-                "%d packed conv(s) on VTA as %d knob task(s): %s; %d packed conv(s) stay on the CPU",
-                sum(t.count for t in vta_tasks),
-                len(vta_tasks),
-                ", ".join(t.name for t in vta_tasks),
-                meta(extracted).get("cpu_packed_convs", 0),
-            )
+            logger.info(vta_tasks_mod.describe(vta_tasks, store.meta_of(extracted).get("cpu_packed_convs", 0)))
         tasks = select_tasks(
             load_tasks(extracted["path"]), cfg.tune.task_filter, packed_float=steps.wholly_on_cpu(cfg, target)
         )
         logger.info("%d tuning task(s): %s", len(tasks), ", ".join(t.name for t in tasks))
         if stop_after == "extract":
             return {"tasks": [t.to_dict() for t in tasks]}
+
         # The untuned network is built and run on the board before any tuning: a network that
         # cannot build, or a board that cannot run it or computes it wrong, fails the run in
         # minutes instead of after the whole tuning budget.
@@ -167,55 +153,34 @@ def _tune_network(
         untuned_lib = build_(root, extracted, None, tspec, "untuned", cache)
         ev_untuned = evaluate_(root, untuned_lib, model, tspec, tracker, key, ev_cfg, "untuned", cache)
 
-        # One task run per tuning task, at most one per board in flight (tuning_rounds); a
-        # task alone measures on several boards at once when there are more boards than tasks.
-        rounds = TuningRounds(tasks, cfg.tune.trials_per_task, cfg.tune.allocation, in_flight=n_boards)
+        # One task run per tuning task, at most one per board in flight; a task alone measures
+        # on several boards at once when there are more boards than tasks.
+        rounds = TuningRounds(tasks, cfg.tune.trials_per_task, cfg.tune.allocation, in_flight=session.boards)
         board = session.board_spec(rounds.in_flight)
         work_dirs = {t.name: steps.tune_work_dir(store, t, target, key, cfg.tune.session) for t in tasks}
-        trials = TrialProgress(
-            work_dirs,
-            rounds.budgets,
-            cfg.tune.trials_per_task * len(tasks),
-            f"tuning trials of {cfg.model.display_name}",
-        )
+        total = cfg.tune.trials_per_task * len(tasks)
+        trials = TrialProgress(work_dirs, rounds.budgets, total, f"tuning trials of {cfg.model.display_name}")
+        measure_cfg = cfg.measure.model_dump(mode="json")
 
         def submit(t, budget: int):
-            tune_cfg = cfg.tune.model_copy(update={"trials_per_task": budget})
-            return tune_task_.submit(
-                root,
-                extracted,
-                t.to_dict(),
-                tspec,
-                board,
-                tune_cfg.model_dump(mode="json"),
-                cfg.measure.model_dump(mode="json"),
-                cache,
-            )
+            tune_cfg = cfg.tune.model_copy(update={"trials_per_task": budget}).model_dump(mode="json")
+            return tune_task_.submit(root, extracted, t.to_dict(), tspec, board, tune_cfg, measure_cfg, cache)
 
         refs = rounds.run(
             submit,
             lambda running, timeout: wait(running, timeout=timeout).not_done,
-            lambda ref: _summary(store, ref),
+            lambda ref: report.tune_summary(store, ref),
             on_poll=trials.update,
         )
-        first_refs = rounds.first_refs
         if rounds.steered:
-            logger.info(
-                "second round: %d more trial(s) over %d task(s), by their share of the network's latency",
-                rounds.second_round_trials,
-                len(rounds.second_round),
-            )
-        tuned = [refs[t.name] for t in tasks]
+            logger.info(rounds.describe_second_round())
         trials.update(final=True)
-        # the VTA tasks' knobs, on the same boards (a VTA board serves both)
+        tune_cfg = cfg.tune.model_dump(mode="json")  # the VTA tasks' knobs, on the same boards
         vta_refs = [
             f.result()
-            for f in [
-                tune_vta_.submit(root, t.to_dict(), vta, tracker, key, cfg.tune.model_dump(mode="json"), cache)
-                for t in vta_tasks
-            ]
+            for f in [tune_vta_.submit(root, t.to_dict(), vta, tracker, key, tune_cfg, cache) for t in vta_tasks]
         ]
-        best = pick_best_(root, tuned, tspec, cache)
+        best = pick_best_(root, [refs[t.name] for t in tasks], tspec, cache)
         if stop_after == "tune":
             return {"best": best}
 
@@ -228,58 +193,39 @@ def _tune_network(
         )
 
         # the result, and its guard, while the local board is up: the guard may time builds on it
-        task_results = report.task_results(tasks, refs, first_refs, lambda ref: _summary(store, ref))
-        result = report.make_result(
-            run_id,
-            cfg.model_dump(mode="json"),
-            meta(fetched),
-            task_results,
-            meta(ev_untuned),
-            meta(ev_tuned),
-            time.time() - t0,
-        )
-        result.update(
-            night=cfg.tune.session or history.night_of(t0),
-            session=cfg.tune.session,
-            target_id=target.id,
+        result = report.from_steps(
+            store,
+            cfg,
+            target,
+            run_id=run_id,
+            started=t0,
+            fetched=fetched,
+            tasks=tasks,
+            rounds=rounds,
+            untuned=(ev_untuned, untuned_lib),
+            tuned=(ev_tuned, tuned_lib),
             baseline=baseline,
-            opt=cfg.opt,
-            recipe=cpu_layout.recipe(cfg, target).to_dict(),
+            transforms=transforms,
+            vta_refs=vta_refs,
         )
-        for label, ev, lib in (("untuned", ev_untuned, untuned_lib), ("tuned", ev_tuned, tuned_lib)):
-            result[label].update(evaluation_id=ev["artifact_id"], build_id=lib["artifact_id"])
-        if vta_refs:
-            result["vta"] = report.vta_result([meta(r) for r in vta_refs], meta(ev_untuned), meta(ev_tuned), cfg.vta)
-            for line in report.vta_lines(result["vta"]):
-                logger.info(line)
-        if model is not fetched:  # int8 / packed: what the transform steps did, and float agreement
-            result["transforms"] = {ref["step"]: meta(ref) for ref in (quantized, packed) if ref is not None}
-            result["tuned"]["vs_float"] = meta(ev_tuned).get("vs_float")
-        if result["tuned"]["correct"]:
-            result["guard"] = regression_guard(
-                root, result, cfg.guard.model_dump(mode="json"), tspec, tracker, key, model, cfg.evaluate.min_repeat_ms
+        for line in report.vta_lines(result.vta) if result.vta else []:
+            logger.info(line)
+        if result.tuned.correct:
+            guard_cfg = cfg.guard.model_dump(mode="json")
+            result.guard = regression_guard(
+                root, result, guard_cfg, tspec, tracker, key, model, cfg.evaluate.min_repeat_ms
             )
-    result["history"] = record_history(root, result, [str(store.root / "steps" / "tune" / ref["key"]) for ref in tuned])
-    report.save_result(store, result)
+    tune_dirs = [str(store.step_dir("tune", refs[t.name]["key"])) for t in tasks]
+    result.history = record_history(root, result, tune_dirs)
+    result.save(store)
     publish(result, store.root)
-    logger.info(
-        "%s: untuned %.3f ms, tuned %.3f ms (%.2fx), output check %s; tables in the run's artifacts",
-        result["model"],
-        result["untuned"]["mean_ms"],
-        result["tuned"]["mean_ms"],
-        result["speedup"],
-        "passed" if result["tuned"]["correct"] else "FAILED",
-    )
-    if not result["tuned"]["correct"]:
+    logger.info(result.headline())
+    if not result.tuned.correct:
         raise RuntimeError(
             f"the tuned build's output differs from the reference (max abs error "
-            f"{result['tuned']['max_abs_err']:.3e}); the build is kept in the store for inspection"
+            f"{result.tuned.max_abs_err:.3e}); the build is kept in the store for inspection"
         )
-    if result["guard"]["regressed"]:
-        logger.warning(result["guard"]["message"])
-        return Completed(name="Regressed", message=result["guard"]["message"], data=result)
-    return result
-
-
-def _summary(store: ArtifactStore, ref: dict[str, str]) -> dict[str, Any]:
-    return json.loads((store.root / "steps" / "tune" / ref["key"] / WorkDir.SUMMARY).read_text())
+    if result.guard["regressed"]:
+        logger.warning(result.guard["message"])
+        return Completed(name="Regressed", message=result.guard["message"], data=result.to_json())
+    return result.to_json()

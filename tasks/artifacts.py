@@ -4,7 +4,6 @@ network's trials, the latency and per-task tables, and the markdown report with 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from prefect.artifacts import (
     create_markdown_artifact,
@@ -39,18 +38,18 @@ class TrialProgress:
             self.last = pct
 
 
-def publish(result: dict[str, Any], store_root: Path) -> None:
+def publish(result: report.RunResult, store_root: Path) -> None:
     """Result tables and the report with its plots as Prefect artifacts (the UI's Artifacts
     tab); the plots are also written next to the run's result in the store."""
     rows = [dict(zip(report.LATENCY_HEADER, r)) for r in report.latency_rows(result)]
-    create_table_artifact(rows, key="latency", description=f"untuned vs tuned latency of {result['model']}")
+    create_table_artifact(rows, key="latency", description=f"untuned vs tuned latency of {result.model}")
     create_table_artifact(
         [dict(zip(report.RECIPE_HEADER, r)) for r in report.recipe_rows(result)],
         key="tuning-tasks",
         description="per-task tuning results: best latency, GFLOPS, trials, best GFLOPS so far",
     )
-    if result.get("vta"):
-        v = result["vta"]
+    if result.vta:
+        v = result.vta
         create_table_artifact(
             [dict(zip(report.VTA_HEADER, r)) for r in report.vta_rows(v)],
             key="vta",
@@ -60,5 +59,5 @@ def publish(result: dict[str, Any], store_root: Path) -> None:
     create_markdown_artifact(
         report.markdown(result, store_root),
         key="evaluation",
-        description=f"{result['model']}: untuned vs tuned, output check, plots",
+        description=f"{result.model}: untuned vs tuned, output check, plots",
     )

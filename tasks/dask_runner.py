@@ -228,7 +228,7 @@ def probe_worker(
                 "install the same versions on every worker"
             )
     try:
-        importlib.import_module("tasks.tune")
+        importlib.import_module("vta_pipeline.tasks.tune")
     except Exception as e:  # noqa: BLE001 - reported, with the worker named
         out["problems"].append(
             f"cannot import the pipeline's tasks ({type(e).__name__}: {e}); install this "

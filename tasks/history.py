@@ -12,6 +12,7 @@ from typing import Any
 from prefect import task
 
 from vta_pipeline import guard, history, steps
+from vta_pipeline.report import RunResult
 
 from .common import artifact, open_store
 
@@ -19,7 +20,7 @@ from .common import artifact, open_store
 @task(name="regression-guard")
 def regression_guard(
     store_root: str,
-    result: dict[str, Any],
+    result: RunResult,
     guard_cfg: dict[str, Any],
     target: str,
     tracker: str,
@@ -44,11 +45,11 @@ def regression_guard(
         artifact(store, fetched),
         min_repeat_ms,
     )
-    current = guard.promote(store, result, verdict) if result["tuned"]["correct"] else {}
+    current = guard.promote(store, result, verdict) if result.tuned.correct else {}
     return dict(verdict.to_dict(), current=current)
 
 
 @task(name="record-history")
-def record_history(store_root: str, result: dict[str, Any], tune_dirs: list[str]) -> dict[str, int]:
+def record_history(store_root: str, result: RunResult, tune_dirs: list[str]) -> dict[str, int]:
     """Append the run's measurements and evaluations to the Parquet history."""
     return history.record_run(Path(store_root), result, [Path(d) for d in tune_dirs])

@@ -61,7 +61,7 @@ class LocalApi:
         cmd = [
             sys.executable,
             "-m",
-            "tasks.local_api",
+            "vta_pipeline.tasks.local_api",
             "--watch",
             str(os.getpid()),
             "--store",
@@ -205,8 +205,8 @@ def _wait_for_end(parent: int, notes: int) -> str | None:
 
 
 def _close_runs(store_path: str, parent: int, signal_name: str | None, log: logging.Logger) -> None:
-    from tasks import crashed_runs
     from vta_pipeline.store.artifacts import ArtifactStore
+    from vta_pipeline.tasks import crashed_runs
 
     store = ArtifactStore(store_path)
     if signal_name is None:
@@ -216,7 +216,7 @@ def _close_runs(store_path: str, parent: int, signal_name: str | None, log: logg
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="tasks.local_api")
+    parser = argparse.ArgumentParser(prog="vta_pipeline.tasks.local_api")
     parser.add_argument("--watch", type=int, required=True, help="the run's process")
     parser.add_argument("--store", required=True, help="the run's store (its events say which flow runs it opened)")
     parser.add_argument("--api", help="an API server already running (PREFECT_API_URL): start none")
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s keeper %(process)d %(levelname)s %(message)s"
     )
-    log = logging.getLogger("tasks.local_api")
+    log = logging.getLogger("vta_pipeline.tasks.local_api")
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # uvicorn and Prefect print to stdout: into the log, never into the run's pipe
     server = None

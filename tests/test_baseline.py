@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from vta_pipeline import baseline
-from vta_pipeline.report import baseline_line, latency_rows
+from vta_pipeline.report import RunResult, baseline_line, latency_rows
 
 
 def _two_conv_onnx(path: Path) -> Path:
@@ -100,11 +100,12 @@ def test_an_int8_run_is_timed_against_ort_int8_with_ort_fp32_in_the_same_rounds(
     assert b["ratio"] == pytest.approx(b["ours_ms"] / b["ort_ms"])
     assert b["fp32"]["ratio"] == pytest.approx(b["ours_ms"] / b["fp32"]["ort_ms"])
     assert b["fp32"]["ort_output_matches"] and b["ort_vs_float"]["cosine"] > 0.99
-    result = {
-        "untuned": {"mean_ms": 1.0, "std_ms": 0.0, "median_ms": 1.0, "correct": True},
-        "tuned": {"mean_ms": 1.0, "std_ms": 0.0, "median_ms": 1.0, "correct": True},
-        "baseline": b,
-    }
+    result = RunResult(
+        run_id="r",
+        untuned={"mean_ms": 1.0, "std_ms": 0.0, "median_ms": 1.0, "correct": True},
+        tuned={"mean_ms": 1.0, "std_ms": 0.0, "median_ms": 1.0, "correct": True},
+        baseline=b,
+    )
     engines = [r[0] for r in latency_rows(result)]
     assert engines[2:] == ["ONNX Runtime fp32 (in turn)", "ONNX Runtime int8 (U8S8 QDQ) (in turn)"]
     assert "in turn with ONNX Runtime int8 (U8S8 QDQ)" in baseline_line(result)

@@ -25,3 +25,18 @@ def test_each_benchmark_runs_as_a_module_and_explains_its_options(name):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("usage:") and "--" in done.stdout, done.stdout[:500]
+
+
+def test_benchmarks_share_helpers_through_their_lib_only():
+    """A benchmark imports what it shares from benchmarks/lib, never from another benchmark, and
+    edits no sys.path: each script can change without breaking the others."""
+    import ast
+
+    for name in BENCHMARKS + [f"lib/{p.stem}" for p in (ROOT / "benchmarks" / "lib").glob("*.py")]:
+        src = (ROOT / "benchmarks" / f"{name}.py").read_text()
+        assert "sys.path" not in src, name
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("benchmarks"):
+                assert node.module.startswith("benchmarks.lib") or (
+                    node.module == "benchmarks" and all(a.name == "lib" for a in node.names)
+                ), f"benchmarks/{name}.py imports {node.module}"

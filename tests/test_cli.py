@@ -170,14 +170,20 @@ def test_targets_and_models_listings():
     assert "resnet18" in r.stdout.split() and "mobilenet_v2" in r.stdout.split()
 
 
+def _flag_overrides(**given):
+    """The config overrides of command-line flags, as a command receives them."""
+    from vta_pipeline.cli.flags import FLAGS, overrides
+
+    return overrides(FLAGS, given)
+
+
 def test_int8_activation_flags_choose_the_type_of_activations_between_layers():
     """--int8-activations / --int32-activations set quantize.dtype_activation; unset, the
     default (int32) or the target preset's (vta-sim: int8) stands."""
-    from vta_pipeline.cli.common import _int8_overrides
     from vta_pipeline.config import build_config
 
     def dtype(flag, target="host"):
-        given = _int8_overrides(True, *[None] * 13, int8_activations=flag)
+        given = _flag_overrides(vta=True, int8_activations=flag)
         return build_config(None, {**given, "target": target}).quantize.dtype_activation
 
     assert (dtype(None), dtype(True), dtype(False)) == ("int32", "int8", "int32")
@@ -187,13 +193,12 @@ def test_int8_activation_flags_choose_the_type_of_activations_between_layers():
 def test_the_depthwise_dot_flag_reaches_graph_pack_and_keeps_older_stores_keys(tmp_path):
     """--depthwise-dot sets pack.depthwise_dot, which graph pack's parameters carry; off (the
     default), the pack step's key is the one it had before the option existed."""
-    from vta_pipeline.cli.common import _int8_overrides
     from vta_pipeline.config import build_config
     from vta_pipeline.pack import pack_params
     from vta_pipeline.steps import _pack_config
 
     def cfg(flag):
-        return build_config(None, _int8_overrides(True, *[None] * 13, pack_layout="x86", depthwise_dot=flag))
+        return build_config(None, _flag_overrides(vta=True, pack_layout="x86", depthwise_dot=flag))
 
     on, off = cfg(True), cfg(None)
     assert pack_params(on.pack, on.vta).depthwise_dot and not pack_params(off.pack, off.vta).depthwise_dot
@@ -205,13 +210,12 @@ def test_the_winograd_tile_setting_keys_the_pack_step_only_with_winograd_on():
     """--winograd-small-below (pack.winograd_small_below) changes what a --winograd pack holds
     (F(2x2) convs below it), so it is in that pack's key; without --winograd the key is the one
     it had before it existed."""
-    from vta_pipeline.cli.common import _int8_overrides
     from vta_pipeline.config import build_config
     from vta_pipeline.steps import _pack_config
 
     def key(winograd=None, winograd_small_below=None):
         cfg = build_config(
-            None, _int8_overrides(True, *[None] * 13, winograd=winograd, winograd_small_below=winograd_small_below)
+            None, _flag_overrides(vta=True, winograd=winograd, winograd_small_below=winograd_small_below)
         )
         return _pack_config(cfg.pack, cfg.vta)["pack"]
 

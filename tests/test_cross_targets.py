@@ -140,7 +140,7 @@ def _has_cuda() -> bool:
 @pytest.mark.skipif(not _has_cuda(), reason="needs an NVIDIA GPU")
 def test_cuda_tunes_builds_and_evaluates_on_a_local_gpu_board(prefect_harness, tmp_path):
     """The whole flow on a CUDA board: a local rpc server on this GPU machine."""
-    from flows.tune_network import tune_network
+    from vta_pipeline.flows.tune_network import tune_network
 
     cfg = build_config(
         None,

@@ -19,7 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.dask_runner import (
+from vta_pipeline.boards import free_port
+from vta_pipeline.config import build_config
+from vta_pipeline.store.artifacts import ArtifactStore
+from vta_pipeline.tasks.dask_runner import (
     DaskSetupError,
     check_cluster,
     check_scheduler,
@@ -28,9 +31,6 @@ from tasks.dask_runner import (
     require_workers,
     with_task_runner,
 )
-from vta_pipeline.boards import free_port
-from vta_pipeline.config import build_config
-from vta_pipeline.store.artifacts import ArtifactStore
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -185,7 +185,7 @@ def test_tuning_tasks_run_on_two_dask_workers(prefect_harness, board, tmp_path):
     import distributed
     from prefect.settings import PREFECT_API_URL
 
-    from flows.tune_network import tune_network
+    from vta_pipeline.flows.tune_network import tune_network
 
     api_url = PREFECT_API_URL.value()
     assert api_url, "the Prefect harness gives this process an API URL"

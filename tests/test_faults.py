@@ -528,8 +528,8 @@ def test_a_board_on_another_tvm_or_other_threads_is_refused_before_any_work_nami
     differs and the fix; with board.mismatch warn the same boards are returned to measure on."""
     import tvm
 
-    from flows.tune_network import tune_network
     from vta_pipeline.boards import check_boards
+    from vta_pipeline.flows.tune_network import tune_network
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
     store = ArtifactStore(tmp_path / "store")
@@ -578,7 +578,7 @@ def _all_trials(store: ArtifactStore):
 
 
 def test_all_boards_die_then_the_flow_fails_clearly_and_the_rerun_continues(prefect_harness, tmp_path, monkeypatch):
-    from flows.tune_network import tune_network
+    from vta_pipeline.flows.tune_network import tune_network
 
     monkeypatch.setenv("VTA_PIPELINE_BOARD_RETRIES", "1")
     monkeypatch.setenv("VTA_PIPELINE_RETRY_DELAYS", "1")
@@ -719,14 +719,14 @@ def test_a_run_killed_with_its_keeper_is_marked_crashed_by_the_next_run_on_the_s
     on the server until the next run on the same store marks it Crashed, with its task run."""
     import logging
 
-    from tasks import crashed_runs
+    from vta_pipeline.tasks import crashed_runs
 
     store = ArtifactStore(tmp_path / "store")
     script = textwrap.dedent(f"""
         import os, signal, time
         from prefect import flow, task
         from prefect.runtime import flow_run
-        from tasks import crashed_runs
+        from vta_pipeline.tasks import crashed_runs
         from vta_pipeline.store.artifacts import ArtifactStore
 
         @task

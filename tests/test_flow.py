@@ -51,7 +51,7 @@ def _computed(store, since=0):
 
 
 def test_flow_end_to_end_then_cached_then_partially_recomputed(prefect_harness, board, tmp_path):
-    from flows.tune_network import tune_network
+    from vta_pipeline.flows.tune_network import tune_network
 
     store = ArtifactStore(tmp_path / "store")
     result = tune_network(_cfg(store.root, board.tracker, board.key))
@@ -101,7 +101,7 @@ def test_flow_end_to_end_then_cached_then_partially_recomputed(prefect_harness, 
 def test_latency_allocation_spends_the_networks_budget_where_its_time_goes(prefect_harness, board, tmp_path):
     """`tune.allocation = latency`: a first round of half the budget per task, then the rest
     of the network's budget by each task's share of its latency after that round."""
-    from flows.tune_network import tune_network
+    from vta_pipeline.flows.tune_network import tune_network
     from vta_pipeline.search.allocation import TaskSpend, allocate, first_round, used_ms
 
     store = ArtifactStore(tmp_path / "store")
@@ -127,7 +127,7 @@ def test_latency_allocation_spends_the_networks_budget_where_its_time_goes(prefe
 
 
 def test_changed_model_recomputes_from_the_import(prefect_harness, board, tmp_path):
-    from flows.tune_network import tune_network
+    from vta_pipeline.flows.tune_network import tune_network
 
     store = ArtifactStore(tmp_path / "store")
     tune_network(_cfg(store.root, board.tracker, board.key), stop_after="extract")
@@ -206,8 +206,8 @@ def test_a_run_with_no_layout_flag_blocks_every_conv_and_says_whether_it_beat_on
     """The default preset (O2) on a CPU target: the cpu-layout step blocks micronet's convs
     (its 16-channel 3x3 as Winograd), every task is tuned, and the result holds ONNX Runtime
     fp32 timed in turn with the tuned build on the board's cores (a loopback tracker)."""
-    from flows.tune_network import tune_network
-    from vta_pipeline.report import render
+    from vta_pipeline.flows.tune_network import tune_network
+    from vta_pipeline.report import RunResult, render
 
     store = ArtifactStore(tmp_path / "store")
     cfg = {k: v for k, v in _cfg(store.root, board.tracker, board.key).items() if k != "opt"}
@@ -221,5 +221,5 @@ def test_a_run_with_no_layout_flag_blocks_every_conv_and_says_whether_it_beat_on
     b = result["baseline"]
     assert b["engine"] == "ONNX Runtime fp32" and b["ort_ms"] > 0 and b["ort_output_matches"]
     assert b["ratio"] == pytest.approx(b["ours_ms"] / b["ort_ms"]) and len(b["ort_rounds_ms"]) == b["rounds"]
-    text = render(result)
+    text = render(RunResult.model_validate(result))
     assert "ONNX Runtime fp32 (in turn)" in text and "in turn with ONNX Runtime fp32" in text

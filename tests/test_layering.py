@@ -67,8 +67,35 @@ LIBRARY = sorted(p for p in PKG.rglob("*.py") if "cli" not in p.relative_to(PKG)
 
 @pytest.mark.parametrize("path", LIBRARY, ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_library_stays_usable_without_prefect(path):
-    banned = {d for d in _imports(path) if d.split(".")[0] in ("prefect", "prefect_dask", "tasks", "flows")}
+    banned = {
+        d
+        for d in _imports(path)
+        if d.split(".")[0] in ("prefect", "prefect_dask", "tasks", "flows")
+        or d.startswith(("vta_pipeline.tasks", "vta_pipeline.flows"))
+    }
     assert not banned, f"{path.relative_to(ROOT)} imports {sorted(banned)}: keep Prefect at the edges (tasks/, flows/)"
+
+
+def test_the_prefect_edges_are_imported_inside_the_package_namespace_only():
+    """The wheel installs tasks/ and flows/ as vta_pipeline.tasks and vta_pipeline.flows (no
+    generic top-level names in a user's environment): every import of them uses those names,
+    which a checkout resolves too, and the wheel holds them there and nowhere else."""
+    sources = [p for d in ("vta_pipeline", "tasks", "flows", "tests", "benchmarks") for p in (ROOT / d).rglob("*.py")]
+    bare = [
+        f"{p.relative_to(ROOT)}: {d}"
+        for p in sources
+        if "results" not in p.relative_to(ROOT).parts
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0)
+        for d in ([node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names])
+        if (d or "").split(".")[0] in ("tasks", "flows")
+    ]
+    assert not bare, "imports of the top-level names (use vta_pipeline.tasks / vta_pipeline.flows):\n" + "\n".join(bare)
+    import vta_pipeline.flows.tune_network
+    import vta_pipeline.tasks.common
+
+    assert Path(vta_pipeline.tasks.common.__file__).parent == ROOT / "tasks"
+    assert Path(vta_pipeline.flows.tune_network.__file__).parent == ROOT / "flows"
 
 
 def test_every_tuning_database_is_opened_with_our_intrinsics_registered():
@@ -125,3 +152,38 @@ def test_every_import_of_our_own_modules_resolves_lazy_ones_included():
                 if n != "*" and not hasattr(module, n) and importlib.util.find_spec(f"{mod}.{n}") is None:
                     broken.append(f"{path.relative_to(ROOT)}: {mod}.{n}")
     assert not broken, "imports that no longer resolve:\n" + "\n".join(broken)
+
+
+def test_the_wheel_installs_one_top_level_package_whose_flows_import_from_it(tmp_path):
+    """Built as CI's users would install it: only `vta_pipeline` at the top, the Prefect edges
+    inside it, and a flow imported from the unpacked wheel (not the checkout) loads its tasks."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    uv = shutil.which("uv")
+    assert uv, "uv is what .ci/run installs the project with; it builds the wheel here too"
+    subprocess.run([uv, "build", "--wheel", "-o", str(tmp_path), "-q"], cwd=ROOT, check=True, timeout=600)
+    (wheel,) = tmp_path.glob("*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        tops = {n.split("/")[0] for n in z.namelist()}
+        z.extractall(tmp_path / "site")
+    assert tops == {"vta_pipeline", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
+    probe = (
+        "import vta_pipeline.flows.tune_network as f, vta_pipeline.tasks.tune as t, vta_pipeline as p; "
+        "print(f.__file__); print(t.__file__); print(len(p.__path__))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    flow_file, task_file, paths = done.stdout.split()
+    assert flow_file.startswith(str(tmp_path / "site")) and task_file.startswith(str(tmp_path / "site"))
+    assert paths == "1"  # installed: nothing added to the package's path

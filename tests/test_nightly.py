@@ -27,7 +27,7 @@ def _flow_runs(name_prefix):
 @pytest.fixture(scope="module")
 def night_a(prefect_harness, board, tmp_path_factory):
     """The night 2026-11-20 of micronet and of a corrupt ONNX file, with one flow retry."""
-    from flows.nightly import nightly
+    from vta_pipeline.flows.nightly import nightly
 
     tmp = tmp_path_factory.mktemp("nightly")
     bad = tmp / "broken.onnx"
@@ -70,8 +70,8 @@ def test_a_failed_pair_is_reported_the_others_finish_and_the_retry_redoes_only_w
 
 
 def test_a_regressed_night_says_so_and_keeps_the_best_nights_build(night_a, board):
-    from flows.nightly import pair_configs
-    from flows.tune_network import tune_network
+    from vta_pipeline.flows.nightly import pair_configs
+    from vta_pipeline.flows.tune_network import tune_network
 
     _, store = night_a
     first = json.loads(sorted((store.root / "runs").glob("*.json"))[0].read_text())
@@ -137,7 +137,7 @@ def test_a_regressed_night_says_so_and_keeps_the_best_nights_build(night_a, boar
 
 
 def test_bad_pairs_fail_before_any_work_naming_the_pair():
-    from flows.nightly import pair_configs
+    from vta_pipeline.flows.nightly import pair_configs
 
     with pytest.raises(ConfigError, match=r"pair \(builtin:nosuchnet, host\).*nosuchnet"):
         pair_configs(["builtin:micronet", "builtin:nosuchnet"], ["host"], {}, None)

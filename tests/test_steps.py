@@ -115,19 +115,12 @@ def test_a_cached_tuning_named_by_another_network_is_reported_under_this_runs_na
         return json.loads((session_store.root / "steps" / "tune" / ref["key"] / "summary.json").read_text())
 
     rows = task_results(elsewhere, refs, dict(refs), summary)
-    assert [r["task"] for r in rows] == ["fused_elsewhere0", "fused_elsewhere1"]
-    assert [r["tuned_as"] for r in rows] == [t.name for t in tasks]
+    assert [r.task for r in rows] == ["fused_elsewhere0", "fused_elsewhere1"]
+    assert [r.tuned_as for r in rows] == [t.name for t in tasks]
     own = [summary(a.ref())["trials_this_run"] for a in tuned]
-    assert [r["weight"] for r in rows] == [3, 3] and [r["trials_this_run"] for r in rows] == own
+    assert [r.weight for r in rows] == [3, 3] and [r.trials_this_run for r in rows] == own
     # the first task tuned again in a second round: its trials this run are both rounds'
     first = {**refs, "fused_elsewhere0": tuned[1].ref()}
-    assert task_results(elsewhere, refs, first, summary)[0]["trials_this_run"] == own[0] + own[1]
-    assert (
-        "tuned_as"
-        not in task_results(
-            tasks,
-            {t.name: a.ref() for t, a in zip(tasks, tuned)},
-            {t.name: a.ref() for t, a in zip(tasks, tuned)},
-            summary,
-        )[0]
-    )
+    assert task_results(elsewhere, refs, first, summary)[0].trials_this_run == own[0] + own[1]
+    own_refs = {t.name: a.ref() for t, a in zip(tasks, tuned)}
+    assert task_results(tasks, own_refs, dict(own_refs), summary)[0].tuned_as is None

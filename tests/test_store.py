@@ -112,8 +112,8 @@ def test_a_cached_result_record_that_would_run_code_when_read_is_removed_unread(
 
     from prefect import flow
 
-    from tasks.common import results_dir
-    from tasks.model import fetch_model
+    from vta_pipeline.tasks.common import results_dir
+    from vta_pipeline.tasks.model import fetch_model
 
     marker = tmp_path / "payload-ran"
 
@@ -202,11 +202,11 @@ def test_a_torn_workload_file_is_repaired_keeping_every_record_it_can_still_name
 
 
 def test_report_names_a_torn_run_result_and_lists_the_others(tmp_path, caplog):
-    from vta_pipeline.report import load_results, save_result
+    from vta_pipeline.report import RunResult, load_results
 
     store = ArtifactStore(tmp_path / "store")
-    save_result(store, {"run_id": "good", "finished": 1.0})
+    RunResult(run_id="good", finished=1.0).save(store)
     (store.root / "runs" / "torn.json").write_text('{"run_id": "to')
     with caplog.at_level("WARNING"):
-        assert [r["run_id"] for r in load_results(store)] == ["good"]
+        assert [r.run_id for r in load_results(store)] == ["good"]
     assert "torn.json" in caplog.text

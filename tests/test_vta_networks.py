@@ -113,7 +113,7 @@ def _integer_region_is_bit_exact(quantized_dir, packed_dir):
 def test_vta_dag_end_to_end_on_the_host_board(prefect_harness, board, tmp_path):
     """tinynet through fetch -> quantize -> pack -> extract -> tune -> build -> evaluate; the
     tuned int8 build on the board reproduces the integer emulation."""
-    from flows.tune_network import tune_network
+    from vta_pipeline.flows.tune_network import tune_network
 
     store = ArtifactStore(tmp_path / "store")
     cfg = build_config(None, {

@@ -166,7 +166,7 @@ def test_an_offloaded_network_runs_on_a_vta_sim_board_behind_the_tracker(tinynet
 def test_the_dag_runs_tinynet_on_a_vta_sim_board_with_its_convs_tuned_by_knobs(prefect_harness, tmp_path):
     """fetch -> quantize -> pack -> extract (convs offloaded) -> MetaSchedule tasks of the rest
     and knob tasks of the convs -> build -> evaluate on a local vta-sim board the flow starts."""
-    from flows.tune_network import tune_network
+    from vta_pipeline.flows.tune_network import tune_network
 
     store = ArtifactStore(tmp_path / "store")
     cfg = build_config(None, {

@@ -59,8 +59,8 @@ def plan_timing(
     """(runs per repeat, repeats) for a network that runs in `per_run_s`.
 
     Runs per repeat: at least `number`, and enough that one repeat lasts `min_repeat_ms`. A
-    repeat of one 2 ms run is at the mercy of the timer, the caches and one scheduler tick:
-    10 such repeats reported 3.24 ms where a quiet re-time of the same library gave 2.77.
+    repeat of one run of a few milliseconds is at the mercy of the timer, the caches and one
+    scheduler tick (docs/performance.md, "Numbers behind the library's choices").
     Repeats: `repeat`, fewer if they do not fit in `max_seconds` (an untuned resnet18 runs
     2 s per inference), never fewer than MIN_REPEAT.
     """
@@ -273,12 +273,11 @@ def time_in_turn(
     last in odd ones, so that neither always runs in the other's wake.
 
     Two evaluations taken on different nights (or minutes apart on a shared host) differ by
-    more than many regressions do: on a 2-core Xeon, resnet18's evaluation came out 18.6 ms
-    in one run and 15.1 ms in the run before it (23% apart), while the two builds timed in
-    turn over 30 rounds were even. In turn, the host's drift moves both libraries of a round
+    more than many regressions do (docs/performance.md: two evaluations of equal builds far
+    apart, even when timed in turn). In turn, the host's drift moves both libraries of a round
     alike and their ratio stays.
     Each library's runs per round are sized (on a warm run) to last `min_repeat_ms`; a first
-    round is not counted (the first library's first repeat of one test ran 1.4x slow). In every
+    round is not counted (a first repeat runs cold and slow). In every
     round each engine runs once untimed right before its timed runs (a `local` engine does the
     same itself, `baseline._timer`): the engine before it has just evicted its weights from the
     caches and its threads slept through the rest, and only one of the two sides paying for

@@ -257,10 +257,9 @@ def select_tasks(tasks: list[TaskInfo], task_filter: str, packed_float: bool = F
     (the recipe kept only convs whose input has more than 4 dimensions: the rest ran on the
     board's CPU), else all of them: a network packed in the x86 layout (int8 on the CPU) or
     a float one, packed (`packed_float`: NCHW16c on a CPU) or not, runs wholly on the CPU,
-    where a function left untuned keeps TVM's default lowering, one thread and no vectors.
-    Measured on mobilenet_v2 int8 (AMD EPYC, AVX2, 2 threads, in-network): its untuned
-    classifier took 2.24 ms and its untuned input quantize 1.24 ms of 9.6, when every
-    int8 conv together took 5.3 (ONNX Runtime: 0.12 and 0.15 ms)."""
+    where a function left untuned keeps TVM's default lowering, one thread and no vectors:
+    an untuned classifier or input quantize can cost as much as every tuned conv together
+    (docs/performance.md, "Numbers behind the library's choices")."""
     if task_filter == "auto":
         if packed_float or any("dot_packed" in t.name for t in tasks):
             task_filter = "all"

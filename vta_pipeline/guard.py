@@ -9,7 +9,7 @@ TVM upgrade, an unlucky search) must not replace a good build. After each run:
 * when that says "regressed", `confirm_in_turn` decides from the two builds timed in turn
   on the board (`evaluate.time_in_turn`, run by `steps.regression_verdict`): evaluations
   from different nights on a shared board differ by more than the allowed percentage (a
-  23% "regression" that timed even in turn was measured), and a false alarm keeps last
+  "regression" that timed even in turn was measured: docs/performance.md), and a false alarm keeps last
   week's build current while tonight's better one is thrown away;
 * `promote` makes tonight's build the current one
   (`current/<model>--<target>--<key>--<variant>.json` plus a copy of its `model.so`)
@@ -28,13 +28,16 @@ import statistics
 import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.compute as pc
 
-from . import history, variant
+from . import history
 from .store.artifacts import ArtifactStore, atomic_write_text, durable_replace
 from .store.hashing import sha256_file
+
+if TYPE_CHECKING:
+    from .report import RunResult
 
 log = logging.getLogger(__name__)
 
@@ -87,20 +90,20 @@ class Verdict:
         return dict(asdict(self), message=self.message)
 
 
-def check(store_root: Path, result: dict[str, Any], max_regression_pct: float) -> Verdict:
+def check(store_root: Path, result: RunResult, max_regression_pct: float) -> Verdict:
     """Tonight's tuned latency vs the best correct tuned latency of every earlier run of its
     variant (earlier rows whose variant is unknown, their run's result gone, are left out)."""
     f = (
-        (pc.field("model") == result["model"])
-        & (pc.field("target") == result["target"])
-        & (pc.field("board_key") == result["board_key"])
+        (pc.field("model") == result.model)
+        & (pc.field("target") == result.target)
+        & (pc.field("board_key") == result.board_key)
         & (pc.field("build") == "tuned")
         & (pc.field("correct") == True)  # noqa: E712 - an Arrow expression, not a Python truth test
-        & (pc.field("run_id") != result["run_id"])
+        & (pc.field("run_id") != result.run_id)
     )
-    mine = variant.of_result(result)
+    mine = result.of_variant
     rows = [r for r in history.evaluations(store_root, f) if r["variant"] == mine]
-    tonight = result["tuned"]["mean_ms"]
+    tonight = result.tuned.mean_ms
     if not rows:
         return Verdict(False, tonight, None, None, None, None, max_regression_pct)
     best = min(rows, key=lambda r: r["mean_ms"])
@@ -169,14 +172,14 @@ def read_current(store_root: Path, model: str, target: str, key: str, variant_: 
     return cur
 
 
-def promote(store: ArtifactStore, result: dict[str, Any], verdict: Verdict) -> dict[str, Any]:
+def promote(store: ArtifactStore, result: RunResult, verdict: Verdict) -> dict[str, Any]:
     """Point `current/` at tonight's build, or at the best night's build if tonight regressed."""
-    model, target, key, var = result["model"], result["target"], result["board_key"], variant.of_result(result)
+    model, target, key, var = result.model, result.target, result.board_key, result.of_variant
     if verdict.regressed:
         build_id, night, ms = verdict.best_build_id, verdict.best_night, verdict.best_ms
         why = "kept: tonight regressed"
     else:
-        build_id, night, ms = result["tuned"]["build_id"], result["night"], result["tuned"]["mean_ms"]
+        build_id, night, ms = result.tuned.build_id, result.night, result.tuned.mean_ms
         why = "tonight's build"
     art = store.find_id("build", build_id)
     now = read_current(store.root, model, target, key, var)
@@ -204,7 +207,7 @@ def promote(store: ArtifactStore, result: dict[str, Any], verdict: Verdict) -> d
         "lib_sha256": sha256_file(lib),
         "artifact": str(art.path),
         "why": why,
-        "run_id": result["run_id"],
+        "run_id": result.run_id,
     }
     atomic_write_text(p, json.dumps(cur, indent=1))
     return cur

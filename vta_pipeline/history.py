@@ -255,34 +255,35 @@ def measurement_rows(run: dict[str, Any], tune_dir: Path) -> list[dict[str, Any]
     return rows
 
 
-def evaluation_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+def evaluation_rows(result: Any) -> list[dict[str, Any]]:
+    """The two evaluation rows of a `report.RunResult` (typed as Any: the report reads the
+    history for its plots, so the history does not import the report)."""
     rows = []
-    for build in ("untuned", "tuned"):
-        e = result[build]
+    for build, e in (("untuned", result.untuned), ("tuned", result.tuned)):
         rows.append(
             {
-                "evaluation_id": e.get("evaluation_id") or f"{result['run_id']}-{build}",
-                "run_id": result["run_id"],
-                "night": result["night"],
-                "model": result["model"],
-                "target": result["target"],
-                "target_id": result.get("target_id"),
-                "board_key": result["board_key"],
+                "evaluation_id": e.evaluation_id or f"{result.run_id}-{build}",
+                "run_id": result.run_id,
+                "night": result.night,
+                "model": result.model,
+                "target": result.target,
+                "target_id": result.target_id,
+                "board_key": result.board_key,
                 "build": build,
-                "build_id": e.get("build_id"),
-                "mean_ms": e["mean_ms"],
-                "median_ms": e.get("median_ms"),
-                "std_ms": e.get("std_ms"),
-                "correct": bool(e.get("correct")),
-                "max_abs_err": e.get("max_abs_err"),
-                "trials": sum(t.get("trials", 0) for t in result["tasks"]),
-                "tuning_tasks": len(result["tasks"]),
-                "run_seconds": result.get("seconds"),
-                "evaluated_at": _ts(result.get("finished")),
-                "threads": e.get("threads"),
-                "variant": variant.of_result(result),
-                "board": e.get("board_name"),
-                "tvm_version": e.get("tvm"),
+                "build_id": e.build_id,
+                "mean_ms": e.mean_ms,
+                "median_ms": e.median_ms,
+                "std_ms": e.std_ms,
+                "correct": e.correct,
+                "max_abs_err": e.max_abs_err,
+                "trials": result.trials,
+                "tuning_tasks": len(result.tasks),
+                "run_seconds": result.seconds,
+                "evaluated_at": _ts(result.finished),
+                "threads": e.threads,
+                "variant": result.of_variant,
+                "board": e.board_name,
+                "tvm_version": e.tvm,
             }
         )
     return rows
@@ -295,10 +296,10 @@ def record_measurements(store_root: Path, run: dict[str, Any], tune_dirs: Iterab
     return _append(store_root, MEASUREMENTS, MEASUREMENT_SCHEMA, "measurement_id", m)
 
 
-def record_run(store_root: Path, result: dict[str, Any], tune_dirs: Iterable[Path]) -> dict[str, int]:
-    """Append a finished run's measurements and evaluations; returns the rows added."""
+def record_run(store_root: Path, result: Any, tune_dirs: Iterable[Path]) -> dict[str, int]:
+    """Append a finished run's (`report.RunResult`) measurements and evaluations; returns the rows added."""
     return {
-        MEASUREMENTS: record_measurements(store_root, result, tune_dirs),
+        MEASUREMENTS: record_measurements(store_root, result.to_json(), tune_dirs),
         EVALUATIONS: _append(store_root, EVALUATIONS, EVALUATION_SCHEMA, "evaluation_id", evaluation_rows(result)),
     }
 

@@ -31,6 +31,12 @@ class Recipe:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def describe(self, packed: bool) -> str:
+        """What the network's convs get, in words, for the run's log."""
+        if self.blocked:
+            return "every conv blocked" + (", Winograd 3x3" if self.winograd else "")
+        return "graph pack's layout" if packed else "plain NCHW, TVM's generic spaces"
+
 
 def on_cpu(config: dict[str, Any], target: Any) -> bool:
     """Whether the blocked layout can apply: an NCHW CPU target, no VTA offload, no graph pack."""

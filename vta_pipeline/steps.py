@@ -13,7 +13,7 @@ import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import build as build_mod
 from . import cpu_layout as layout_mod
@@ -43,6 +43,9 @@ from .store.artifacts import Artifact, ArtifactStore
 from .store.hashing import sha256_file, sha256_json
 from .targets import ResolvedTarget
 from .vta_config import VTAConfig
+
+if TYPE_CHECKING:
+    from .report import RunResult
 
 
 # ---- checks before any work ------------------------------------------------------------------
@@ -630,7 +633,7 @@ def compare_runtime(
 
 def regression_verdict(
     store: ArtifactStore,
-    result: dict[str, Any],
+    result: RunResult,
     cfg: GuardConfig,
     target: ResolvedTarget,
     tracker: tuple[str, int],
@@ -648,7 +651,7 @@ def regression_verdict(
         return verdict
     if target.offload == "vta":
         return replace(verdict, in_turn_error="a VTA simulator board's wall time is the host simulating, not the board")
-    tonight = store.find_id(build_mod.STEP, result["tuned"]["build_id"])
+    tonight = store.find_id(build_mod.STEP, result.tuned.build_id)
     best = store.find_id(build_mod.STEP, verdict.best_build_id)
     if tonight is None or best is None:
         gone = "tonight's build" if tonight is None else f"the build of {verdict.best_night} ({verdict.best_build_id})"

@@ -711,9 +711,9 @@ def measures_default(target) -> bool:
     """Whether a task's default lowering is measured after its search: on CPUs and on GPUs.
 
     On a GPU the default is TVM's default GPU schedules (`default_lowering`), the lowering the
-    network build gives a GPU task without a record. At 8 trials/task on an H200 the tuned
-    resnet18 was slower than the untuned one (2.33 vs 2.20 ms), which measuring that default
-    catches. Only accelerators the build schedules are measured (`build.GPU_KINDS`)."""
+    network build gives a GPU task without a record. At a few trials per task a tuned GPU
+    network can be slower than the untuned one (docs/performance.md, "Numbers behind the
+    library's choices"), which measuring that default catches. Only accelerators the build schedules are measured (`build.GPU_KINDS`)."""
     from .build import GPU_KINDS
 
     return target.kind.name in ("llvm", "c") or target.kind.name in GPU_KINDS

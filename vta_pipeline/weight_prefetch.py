@@ -4,11 +4,10 @@ Why: a nest that reads each block of weights once (`spaces.packed_conv._schedule
 computes on a block for a few microseconds, then misses on every cache line of the next one:
 in a network that block comes from memory, since the layers between two calls of a conv evict
 its weights. The hardware prefetcher does not run ahead across blocks, so the memory time adds
-to the compute instead of hiding under it. Measured on resnet18's 7x7x512 conv (Intel Xeon
-with AMX, 2 threads, one input chunk per block, the kernel called in turn with 12 copies of
-its weights as a network streams them): 1.10 ms without, 0.94 with the next block's 288 lines
-prefetched 42 per row of tiles; warm 0.71 and 0.72 ms. All of a block's lines at the top of
-the block loop measured 1.00: a burst the core cannot keep in flight. The Winograd GEMM marks
+to the compute instead of hiding under it. Prefetching the next block's lines a few per row
+of tiles recovers much of that; all of a block's lines at the top of the block loop is a
+burst the core cannot keep in flight (docs/performance.md, "Numbers behind the library's
+choices"). The Winograd GEMM marks
 its tile blocks under each block of output channels (`spaces.winograd`, version 3).
 
 A schedule marks the innermost loop over output tiles (`sch.annotate(loop, ANNOTATION,

@@ -24,7 +24,7 @@ export PYTHONUNBUFFERED=1 TVM_FFI_DISABLE_TORCH_C_DLPACK=1
 echo "CUDA_PATH=$CUDA_PATH CUDART=$CUDART"
 python3 -c "import tvm; d = tvm.cuda(0); print('tvm', tvm.__version__, d.exist, d.compute_version)"
 python3 -c "import onnxruntime as o; print('ort', o.__version__, o.__file__, o.get_available_providers())"
-timeout ${BUDGET_S:-480} python3 benchmarks/gpu_compare.py --trials ${TRIALS:-8,16,32} --deadline-min ${DEADLINE_MIN:-5} \
+timeout ${BUDGET_S:-480} python3 -m benchmarks.gpu_compare --trials ${TRIALS:-8,16,32} --deadline-min ${DEADLINE_MIN:-5} \
   --runs 200 --store /tmp/store --out $OUT/res $EXTRA
 rc=$?
 tar czf $OUT/logs.tgz -C /tmp/store logs work 2>/dev/null  # the board's logs and the trial logs

@@ -58,8 +58,8 @@ class LocalBoard:
     come up, the error shows the tail of its log.
 
     One server by default: two servers on one host time candidates at the same time on the
-    same cores, and each slows the other (candidates ranked 10-100 measured up to 3x slower
-    than re-timed alone), which misleads the search's cost model. Each server's kernels run
+    same cores, and each slows the other (candidates measured several times slower than
+    re-timed alone: docs/performance.md), which misleads the search's cost model. Each server's kernels run
     `threads` threads (default: this machine's logical CPUs, TVM_NUM_THREADS).
     """
 

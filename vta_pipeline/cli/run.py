@@ -9,154 +9,27 @@ from typing import Annotated, Optional
 
 import typer
 
-from vta_pipeline.cli.common import _config, _fail, _guard, _int8_overrides, _model_overrides, _opt_overrides
-from vta_pipeline.cli.options import (
-    BfactorOpt,
-    BlockedOpt,
-    CalibDataOpt,
-    CalibModeOpt,
-    CfactorOpt,
-    ConfigOpt,
-    DepthwiseDotOpt,
-    GlobalScaleOpt,
-    Int8ActivationsOpt,
-    KeyOpt,
-    ModelOpt,
-    OnnxOpt,
-    OptLevelOpt,
-    PackLayoutOpt,
-    PackOpt,
-    PackStartIdxOpt,
-    PackStartOpt,
-    PackStemOpt,
-    PackStopIdxOpt,
-    PackStopOpt,
-    PadChannelsOpt,
-    QuantizeDenseOpt,
-    QuantizeOpt,
-    ShapeOpt,
-    SkipConvOpt,
-    SourceOpt,
-    StoreOpt,
-    TargetOpt,
-    TrackerOpt,
-    VtaConfigOpt,
-    VtaOpt,
-    WinogradOpt,
-    WinogradSmallBelowOpt,
-)
+from vta_pipeline.cli.common import _config, _fail, _guard
+from vta_pipeline.cli.flags import config_flags
+from vta_pipeline.cli.options import ConfigOpt
 
 
+@config_flags("model", "target", "board", "tune", "measure", "evaluate", "guard", "int8", "opt")
 def run(
     config: ConfigOpt = None,
-    model: ModelOpt = None,
-    source: SourceOpt = None,
-    onnx_path: OnnxOpt = None,
-    input_shape: ShapeOpt = None,
-    pretrained: Annotated[Optional[bool], typer.Option("--pretrained/--random-weights")] = None,
-    target: TargetOpt = None,
-    tracker: TrackerOpt = None,
-    key: KeyOpt = None,
-    local_servers: Annotated[
-        Optional[int],
-        typer.Option(help="rpc servers of the local board (1: one measurement at a time on this machine's cores)."),
-    ] = None,
-    local_threads: Annotated[
-        Optional[int], typer.Option(help="Threads the local board runs kernels with (default: the target's num-cores).")
-    ] = None,
-    trials_per_task: Annotated[Optional[int], typer.Option(help="Measured trials per task.")] = None,
-    trials_per_batch: Annotated[Optional[int], typer.Option(help="Candidates per measured batch.")] = None,
-    allocation: Annotated[
-        Optional[str],
-        typer.Option(
-            help="flat (trials-per-task each) | latency (half each, the rest to the tasks the network's time goes to)"
-        ),
-    ] = None,
-    cost_model: Annotated[Optional[str], typer.Option(help="xgb | random")] = None,
-    search: Annotated[Optional[str], typer.Option(help="evolutionary | replay-trace")] = None,
-    early_stopping: Annotated[
-        Optional[int], typer.Option(help="Stop a task after N trials without improvement.")
-    ] = None,
-    task_filter: Annotated[Optional[str], typer.Option(help="auto | all | conv2d | packed")] = None,
-    number: Annotated[Optional[int], typer.Option(help="Runs per measurement while tuning.")] = None,
-    repeat: Annotated[Optional[int], typer.Option(help="Measurements per candidate while tuning.")] = None,
-    timeout: Annotated[Optional[int], typer.Option(help="RPC session timeout per measurement, s.")] = None,
-    retime_caches: Annotated[
-        Optional[str],
-        typer.Option(
-            help="How each task's best records are re-timed after its search: warm (back to back; the default) | "
-            "flushed (weights and output flushed from the caches before each run, as inside a network) | auto "
-            "(flushed on 64-bit x86 and Arm CPUs)"
-        ),
-    ] = None,
-    eval_repeat: Annotated[Optional[int], typer.Option(help="Timed repeats of the final evaluation.")] = None,
-    compare: Annotated[
-        Optional[bool],
-        typer.Option(
-            "--compare/--no-compare",
-            help="On a local board of a host CPU target, time ONNX Runtime fp32 in turn with the tuned build and "
-            "report ours / ORT (default: on).",
-        ),
-    ] = None,
-    store: StoreOpt = None,
     cache: Annotated[str, typer.Option(help="on | off | redo | readonly")] = "on",
-    vta: VtaOpt = False,
-    vta_config: VtaConfigOpt = None,
-    quantize: QuantizeOpt = None,
-    global_scale: GlobalScaleOpt = None,
-    skip_conv_layers: SkipConvOpt = None,
-    calibrate_mode: CalibModeOpt = None,
-    calibration_data: CalibDataOpt = None,
-    pack: PackOpt = None,
-    pack_start: PackStartOpt = None,
-    pack_stop: PackStopOpt = None,
-    pack_start_idx: PackStartIdxOpt = None,
-    pack_stop_idx: PackStopIdxOpt = None,
-    bfactor: BfactorOpt = None,
-    cfactor: CfactorOpt = None,
-    pack_layout: PackLayoutOpt = None,
-    pad_channels: PadChannelsOpt = None,
-    quantize_dense: QuantizeDenseOpt = None,
-    int8_activations: Int8ActivationsOpt = None,
-    pack_stem: PackStemOpt = None,
-    depthwise_dot: DepthwiseDotOpt = None,
-    winograd: WinogradOpt = None,
-    winograd_small_below: WinogradSmallBelowOpt = None,
-    opt: OptLevelOpt = None,
-    blocked: BlockedOpt = None,
-    session: Annotated[
-        Optional[str],
-        typer.Option(help="Tuning session (e.g. tonight's date): a new session tunes a full budget of its own."),
-    ] = None,
-    warm_start: Annotated[
-        Optional[int], typer.Option(help="Seed each task with up to N best records of earlier sessions (0 = cold).")
-    ] = None,
-    records_library: Annotated[
-        Optional[str],
-        typer.Option(
-            help="Workloads the store never measured start from: builtin (shipped records of this CPU class) | off | "
-            "a directory from `vta-pipeline library export`."
-        ),
-    ] = None,
-    max_regression_pct: Annotated[
-        Optional[float],
-        typer.Option(help="Regression guard: tuned latency this % worse than the best night keeps the old build."),
-    ] = None,
-    confirm_rounds: Annotated[
-        Optional[int],
-        typer.Option(
-            help="Regression guard: time tonight's and the best night's builds in turn on the board this many rounds "
-            "before calling a regression (0: the evaluations alone decide)."
-        ),
-    ] = None,
     dask: Annotated[
         Optional[str],
         typer.Option(
             "--dask", help="Run the tuning tasks on this Dask scheduler (tcp://HOST:8786); store on shared storage."
         ),
     ] = None,
+    *,
+    overrides: dict,
 ):
-    """Tune a network end to end (the Prefect flow `tune_network`) and print the result."""
+    """Tune a network end to end (the Prefect flow `tune_network`) and print the result.
+
+    Every flag sets the config field its help names; --config reads them all from a file."""
 
     def go():
         from vta_pipeline.fetch import check_model
@@ -168,62 +41,7 @@ def run(
             CachePolicy(cache)
         except ValueError:
             _fail(f"--cache {cache!r}: use one of on, off, redo, readonly")
-        cfg = _config(
-            config,
-            {
-                **_model_overrides(model, source, onnx_path, input_shape),
-                "model.pretrained": pretrained,
-                "target": target,
-                "board.tracker": tracker,
-                "board.key": key,
-                "board.local_servers": local_servers,
-                "board.local_threads": local_threads,
-                "tune.trials_per_task": trials_per_task,
-                "tune.trials_per_batch": trials_per_batch,
-                "tune.allocation": allocation,
-                "tune.cost_model": cost_model,
-                "tune.search": search,
-                "tune.early_stopping": early_stopping,
-                "tune.retime_caches": retime_caches,
-                "tune.task_filter": task_filter,
-                "measure.number": number,
-                "measure.repeat": repeat,
-                "measure.timeout_s": timeout,
-                "evaluate.repeat": eval_repeat,
-                "evaluate.compare": compare,
-                "store": store and str(store),
-                "tune.session": session,
-                "tune.warm_start": warm_start,
-                "tune.records_library": records_library,
-                "guard.max_regression_pct": max_regression_pct,
-                "guard.confirm_rounds": confirm_rounds,
-                **_int8_overrides(
-                    vta,
-                    vta_config,
-                    quantize,
-                    global_scale,
-                    skip_conv_layers,
-                    calibrate_mode,
-                    calibration_data,
-                    pack,
-                    pack_start,
-                    pack_stop,
-                    pack_start_idx,
-                    pack_stop_idx,
-                    bfactor,
-                    cfactor,
-                    pack_layout,
-                    pad_channels,
-                    quantize_dense,
-                    pack_stem,
-                    int8_activations,
-                    depthwise_dot,
-                    winograd,
-                    winograd_small_below,
-                ),
-                **_opt_overrides(opt, blocked),
-            },
-        )
+        cfg = _config(config, overrides)
         from vta_pipeline import steps
 
         tgt = resolve_target(cfg.target)
@@ -239,9 +57,9 @@ def run(
 
             boards.tracker_summary(*cfg.board.address())
         _prefect_env()
-        from flows.tune_network import tune_network
-        from tasks.dask_runner import with_task_runner
+        from vta_pipeline.flows.tune_network import tune_network
         from vta_pipeline.run_log import open_run_log
+        from vta_pipeline.tasks.dask_runner import with_task_runner
 
         log_path = open_run_log(store_path)
         api = _local_api(store_path, log_path)
@@ -262,9 +80,9 @@ def run(
             if full is None:
                 raise
             raise store_gc.StoreFull(store_gc.disk_full_message(store_path, full)) from None
-        from vta_pipeline.report import render
+        from vta_pipeline.report import RunResult, render
 
-        typer.echo(render(result))
+        typer.echo(render(RunResult.model_validate(result)))
         if state.name == "Regressed":
             typer.secho(state.message, fg=typer.colors.YELLOW, bold=True)
         typer.echo(f"full log: {log_path}")
@@ -354,7 +172,7 @@ def _local_api(store_path, log_path):
     server is used and the keeper only closes the run there."""
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
 
-    from tasks.local_api import LocalApi
+    from vta_pipeline.tasks.local_api import LocalApi
 
     api = LocalApi(
         store_path,

@@ -11,76 +11,17 @@ from typing import Annotated, Optional
 
 import typer
 
-from vta_pipeline.cli.common import _config, _guard, _int8_overrides, _model_overrides, _opt_overrides
-from vta_pipeline.cli.options import (
-    BfactorOpt,
-    BlockedOpt,
-    CalibDataOpt,
-    CalibModeOpt,
-    CfactorOpt,
-    ConfigOpt,
-    DepthwiseDotOpt,
-    GlobalScaleOpt,
-    Int8ActivationsOpt,
-    ModelOpt,
-    OnnxOpt,
-    OptLevelOpt,
-    PackLayoutOpt,
-    PackOpt,
-    PackStartIdxOpt,
-    PackStartOpt,
-    PackStemOpt,
-    PackStopIdxOpt,
-    PackStopOpt,
-    PadChannelsOpt,
-    QuantizeDenseOpt,
-    QuantizeOpt,
-    ShapeOpt,
-    SkipConvOpt,
-    SourceOpt,
-    StoreOpt,
-    TargetOpt,
-    VtaConfigOpt,
-    VtaOpt,
-    WinogradOpt,
-    WinogradSmallBelowOpt,
-)
+from vta_pipeline.cli.common import _config, _guard
+from vta_pipeline.cli.flags import config_flags
+from vta_pipeline.cli.options import ConfigOpt
 
 
+@config_flags("model", "target", "task_filter", "int8", "opt", exclude=("pretrained",))
 def tasks_cmd(
     config: ConfigOpt = None,
-    model: ModelOpt = None,
-    source: SourceOpt = None,
-    onnx_path: OnnxOpt = None,
-    input_shape: ShapeOpt = None,
-    target: TargetOpt = None,
-    store: StoreOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list instead of a table.")] = False,
-    task_filter: Annotated[Optional[str], typer.Option(help="auto | all | conv2d | packed")] = None,
-    vta: VtaOpt = False,
-    vta_config: VtaConfigOpt = None,
-    quantize: QuantizeOpt = None,
-    global_scale: GlobalScaleOpt = None,
-    skip_conv_layers: SkipConvOpt = None,
-    calibrate_mode: CalibModeOpt = None,
-    calibration_data: CalibDataOpt = None,
-    pack: PackOpt = None,
-    pack_start: PackStartOpt = None,
-    pack_stop: PackStopOpt = None,
-    pack_start_idx: PackStartIdxOpt = None,
-    pack_stop_idx: PackStopIdxOpt = None,
-    bfactor: BfactorOpt = None,
-    cfactor: CfactorOpt = None,
-    pack_layout: PackLayoutOpt = None,
-    pad_channels: PadChannelsOpt = None,
-    quantize_dense: QuantizeDenseOpt = None,
-    int8_activations: Int8ActivationsOpt = None,
-    pack_stem: PackStemOpt = None,
-    depthwise_dot: DepthwiseDotOpt = None,
-    winograd: WinogradOpt = None,
-    winograd_small_below: WinogradSmallBelowOpt = None,
-    opt: OptLevelOpt = None,
-    blocked: BlockedOpt = None,
+    *,
+    overrides: dict,
 ):
     """Fetch (quantize, pack) the model and print its tuning tasks, cached in the store like a run's.
     The workload columns are the VTA recipe's; packed tasks count batch = N/b*b, in_filter = C/c*c."""
@@ -92,40 +33,7 @@ def tasks_cmd(
 
         from ..store.artifacts import ArtifactStore
 
-        cfg = _config(
-            config,
-            {
-                **_model_overrides(model, source, onnx_path, input_shape),
-                "target": target,
-                "store": store and str(store),
-                "tune.task_filter": task_filter,
-                **_int8_overrides(
-                    vta,
-                    vta_config,
-                    quantize,
-                    global_scale,
-                    skip_conv_layers,
-                    calibrate_mode,
-                    calibration_data,
-                    pack,
-                    pack_start,
-                    pack_stop,
-                    pack_start_idx,
-                    pack_stop_idx,
-                    bfactor,
-                    cfactor,
-                    pack_layout,
-                    pad_channels,
-                    quantize_dense,
-                    pack_stem,
-                    int8_activations,
-                    depthwise_dot,
-                    winograd,
-                    winograd_small_below,
-                ),
-                **_opt_overrides(opt, blocked),
-            },
-        )
+        cfg = _config(config, overrides)
         tgt = resolve_target(cfg.target)
         st = ArtifactStore(cfg.store)
         fetched = steps.prepare_model(st, cfg, target=tgt)
@@ -168,27 +76,13 @@ def tasks_cmd(
     _guard(go)
 
 
+@config_flags("model", "store", "int8", exclude=("model", "pretrained", "vta"))
 def pack_points_cmd(
     model: Annotated[Optional[str], typer.Argument(help="Model name (default: built-in tinynet).")] = None,
     config: ConfigOpt = None,
-    source: SourceOpt = None,
-    onnx_path: OnnxOpt = None,
-    input_shape: ShapeOpt = None,
-    store: StoreOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
-    vta_config: VtaConfigOpt = None,
-    quantize: QuantizeOpt = None,
-    global_scale: GlobalScaleOpt = None,
-    skip_conv_layers: SkipConvOpt = None,
-    pack_start: PackStartOpt = None,
-    pack_stop: PackStopOpt = None,
-    pack_start_idx: PackStartIdxOpt = None,
-    pack_stop_idx: PackStopIdxOpt = None,
-    bfactor: BfactorOpt = None,
-    cfactor: CfactorOpt = None,
-    pack_layout: PackLayoutOpt = None,
-    pad_channels: PadChannelsOpt = None,
-    pack_stem: PackStemOpt = None,
+    *,
+    overrides: dict,
 ):
     """List the network's operators with their occurrence indices, mark the start/stop that the
     pack options select (default: first nn.max_pool2d, then the first global average pool), and
@@ -200,32 +94,7 @@ def pack_points_cmd(
 
         from ..store.artifacts import ArtifactStore
 
-        cfg = _config(
-            config,
-            {
-                **_model_overrides(model, source, onnx_path, input_shape),
-                "store": store and str(store),
-                **_int8_overrides(
-                    False,
-                    vta_config,
-                    quantize,
-                    global_scale,
-                    skip_conv_layers,
-                    None,
-                    None,
-                    None,
-                    pack_start,
-                    pack_stop,
-                    pack_start_idx,
-                    pack_stop_idx,
-                    bfactor,
-                    cfactor,
-                    pack_layout=pack_layout,
-                    pad_channels=pad_channels,
-                    pack_stem=pack_stem,
-                ),
-            },
-        )
+        cfg = _config(config, {"model.name": model, **overrides})
         st = ArtifactStore(cfg.store)
         art = steps.prepare_model(st, cfg, upto="quantize")
         res = pack_mod.pack_points(art.path, cfg.pack, cfg.vta)
@@ -260,21 +129,12 @@ def pack_points_cmd(
     _guard(go)
 
 
+@config_flags("model", "target", "int8", "opt", exclude=("pretrained",))
 def build_cmd(
     config: ConfigOpt = None,
-    model: ModelOpt = None,
-    source: SourceOpt = None,
-    onnx_path: OnnxOpt = None,
-    input_shape: ShapeOpt = None,
-    target: TargetOpt = None,
-    store: StoreOpt = None,
     out: Annotated[Optional[Path], typer.Option(help="Copy the library here too.")] = None,
-    vta: VtaOpt = False,
-    vta_config: VtaConfigOpt = None,
-    quantize: QuantizeOpt = None,
-    calibrate_mode: CalibModeOpt = None,
-    pack: PackOpt = None,
-    opt: OptLevelOpt = None,
+    *,
+    overrides: dict,
 ):
     """Build the network untuned for a target, without a board (cross-compiled for the ARM
     presets), cached in the store like a run's steps; prints the library's path. Tuned
@@ -288,31 +148,7 @@ def build_cmd(
 
         from ..store.artifacts import ArtifactStore
 
-        cfg = _config(
-            config,
-            {
-                **_model_overrides(model, source, onnx_path, input_shape),
-                "target": target,
-                "store": store and str(store),
-                **_int8_overrides(
-                    vta,
-                    vta_config,
-                    quantize,
-                    None,
-                    None,
-                    calibrate_mode,
-                    None,
-                    pack,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                ),
-                **_opt_overrides(opt, None),
-            },
-        )
+        cfg = _config(config, overrides)
         tgt = resolve_target(cfg.target)
         steps.check_target(cfg, tgt)
         st = ArtifactStore(cfg.store)

@@ -38,10 +38,10 @@ activation and requantize run on the packed output in the conv's kernel and the 
 it disappears. An int8 stem's input is zero-padded to a multiple of 4 channels,
 `NCHW1n4c`, with weights `OIHW{c}o4i`: the CPU's dot product reads it in groups of 4
 channels (a quarter of them padding, against 13/16 in a block of 16). A float stem keeps
-its channels, `NCHW1n3c` and `OIHW{c}o3i`. resnet18's float stem conv measured 2.38 ms of
-an 8.62 ms int8 network (ORT's int8 stem: 1.76); quantized as-is, MetaSchedule's generic
-space for a 3-channel int8 NCHW conv reached 6.08 ms (`intel_sbs_5957b13`); packed for the
-dot product, 0.89 ms at 8 trials/task (`intel_r18_int8_stem_8b8f7d5`, Intel Xeon).
+its channels, `NCHW1n3c` and `OIHW{c}o3i`. A float stem was a large part of an int8
+network's time, and MetaSchedule's generic space for a 3-channel int8 NCHW conv slower
+still; packed for the dot product it is a fraction of either (docs/performance.md,
+"Numbers behind the library's choices").
 
 `depthwise_dot` (x86 layout, blocks of 16) lays an int8 depthwise conv whose input is
 provably in [0, 127] out for the CPU's dot product too: each kernel row zero-padded to 4
@@ -201,8 +201,7 @@ class GraphPacker(Rebuilder):
         activation and quantize), which stays unpacked with it: the pack comes after them, so
         they fuse with the start operator into one kernel. mobilenet_v2 packed from its stem
         ran the stem conv, then a second kernel that packed the conv's float output and
-        added its bias, clipped and quantized it (0.62 ms in-network, 0f00692: more than the
-        stem conv's 0.54)."""
+        added its bias, clipped and quantized it, which took longer than the stem conv."""
         prev = bindings[lo].var
         while lo + 1 < self.hi:
             op = self.info.get(bindings[lo + 1].var)
@@ -405,8 +404,7 @@ class GraphPacker(Rebuilder):
         """The stop operator when it is a global mean (`mean` over H and W: how Relax imports
         resnet's and mobilenet's global average pool) of a packed tensor: the mean over the
         blocks' own H and W axes, then the channels in order. Unpacked first, it was a transpose
-        of the whole last feature map in a kernel of its own (resnet18 fp32 on the AMX Xeon:
-        0.07 ms in the network, of a 13 ms network). The same values: each channel's mean over
+        of the whole last feature map in a kernel of its own. The same values: each channel's mean over
         the same H x W numbers."""
         op, b = self.region.stop, self.p.bfactor
         n, c = op.in_shapes[0][:2]

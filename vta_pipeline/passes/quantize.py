@@ -319,8 +319,8 @@ class Quantizer(Rebuilder):
             # monotonic, so the max of the quantized values is the quantized max (the pool pads
             # with the dtype's minimum, below -qmax). The quantize then fuses into the producer
             # (resnet18's stem conv, bias, relu; float, or int8 when the stem is quantized) and
-            # the pool moves int8: 4x fewer bytes (resnet18's int32 pool took 0.18 ms, a third
-            # of its int8 stem conv's time).
+            # the pool moves int8: 4x fewer bytes (resnet18's int32 pool took a third of its
+            # int8 stem conv's time).
             exp = self._exp_for(var)
             new = relax.Call(v.op, [self._to_int8(v.args[0], exp)], v.attrs, v.ty_args)
             return self._set(var, self.emit(new, name_hint), exp, "int8")

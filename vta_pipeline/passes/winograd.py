@@ -12,11 +12,10 @@ small linear transforms, so the conv becomes 36 independent GEMMs of
     U[e, n, ci, co] = (G w[co, ci] Gt)[e, n]          the weight transform: a constant
 
 On CPUs where the direct conv already runs near the FMA peak (ONNX Runtime's MLAS NCHWc
-kernels, and ours), this is the one way left to be faster: fewer multiplies. Measured on
-an AMD EPYC Zen 5 (2 threads, in turn with ONNX Runtime's one-conv model, untuned, fixed
-tiles): 56x56x64 0.27 vs 0.55 ms, 28x28x128 0.26 vs 0.51, 14x14x256 0.30 vs 0.55; at 7x7x512
-the transformed weights (36 x 512 x 512 floats, 38 MB) make the GEMMs memory-bound and
-the direct conv wins (1.24 vs 0.80), so `applies` keeps convs whose output is at least
+kernels, and ours), this is the one way left to be faster: fewer multiplies (about twice
+as fast as ONNX Runtime's conv from 56x56 to 14x14: docs/performance.md). At 7x7x512 the
+transformed weights (36 x 512 x 512 floats, 38 MB) make the GEMMs memory-bound and the
+direct conv wins, so `applies` keeps convs whose output is at least
 `MIN_SIZE` wide on the direct kernel.
 
 Layouts: data and output stay graph pack's (N, C/c, H, W, 1, c); the transformed tiles are

@@ -1,8 +1,8 @@
 """How a network's trial budget is spread over its tuning tasks.
 
-Why: a flat budget gives a 0.1 ms 1x1 convolution as many trials as the 3x3 convolution
-that draws an 80 ms schedule and is 41% of the network (resnet18 at 4 trials per task,
-benchmarks/compare.py). What the tuned network's latency is made of is known after a first
+Why: a flat budget gives a 1x1 convolution that costs a tenth of a millisecond as many
+trials as the 3x3 convolution that draws a slow schedule and is a large share of the network
+(docs/performance.md, "Numbers behind the library's choices"). What the tuned network's latency is made of is known after a first
 round: each task's best latency (or its default lowering, when the build would use that)
 times its weight. MetaSchedule's gradient task scheduler steers by the same quantity, one
 round at a time inside one process; our tasks run as separate, cached, retried Prefect task

@@ -1,7 +1,8 @@
 """After a task's search: its fastest records measured again, in turn, and the fastest of that kept.
 
 Why: while tuning, each candidate is measured once, in its own round, minutes apart from the
-others, on hosts whose speed moves 1.4x within minutes (a shared machine, a board warming up).
+others, on hosts whose speed moves by tens of percent within minutes (a shared machine, a
+board warming up).
 The record with the lowest latency is then often one that was measured in a fast minute, not
 the fastest schedule: re-timed in turn, most tasks' fastest record was not the recorded best
 (docs/performance.md, "re-timed in turn").

@@ -38,7 +38,8 @@ class Task(Protocol):
 
 class TuningRounds:
     """One network's tuning: `budgets` (task name -> trials) is live, so that a progress bar
-    can read it while the rounds run; `first_refs` keeps each task's first-round outcome."""
+    can read it while the rounds run; after `run`, `refs` holds each task's last outcome and
+    `first_refs` its first-round one."""
 
     def __init__(self, tasks: Sequence[Task], trials_per_task: int, steer: str = "flat", in_flight: int = 1):
         if steer not in ("flat", "latency"):
@@ -50,6 +51,7 @@ class TuningRounds:
         self.first = allocation.first_round(trials_per_task) if self.steered else trials_per_task
         self.budgets: dict[str, int] = {t.name: self.first for t in self.tasks}
         self.first_refs: dict[str, Any] = {}
+        self.refs: dict[str, Any] = {}
         self.second_round: list[str] = []
 
     def run(
@@ -82,7 +84,17 @@ class TuningRounds:
             more = [t for t in self.tasks if self.budgets[t.name] > self.first]
             self.second_round = [t.name for t in more]
             refs.update(self._window(more, submit, wait, on_poll, poll_s))
+        self.refs = refs
         return refs
+
+    def describe_second_round(self) -> str | None:
+        """The second round in one line for the log (None when flat)."""
+        if not self.steered:
+            return None
+        return (
+            f"second round: {self.second_round_trials} more trial(s) over {len(self.second_round)} task(s), "
+            "by their share of the network's latency"
+        )
 
     @property
     def second_round_trials(self) -> int:

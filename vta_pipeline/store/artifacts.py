@@ -162,6 +162,10 @@ class ArtifactStore:
             return None
         return Artifact(step, key, d, manifest)
 
+    def meta_of(self, ref: dict[str, str]) -> dict[str, Any]:
+        """The meta of the artifact a step's ref points at, as its manifest recorded it."""
+        return json.loads((self.step_dir(ref["step"], ref["key"]) / "manifest.json").read_text())["meta"]
+
     def find(self, step: str) -> list[Artifact]:
         """All verified artifacts of a step (newest first), e.g. for reports."""
         base = self.root / "steps" / step

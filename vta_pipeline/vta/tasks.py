@@ -93,6 +93,14 @@ def tasks_of(convs: list[Any]) -> list[VtaTask]:
     return [VtaTask(wl, epi, n) for (wl, epi), n in counts.items()]
 
 
+def describe(tasks: list[VtaTask], cpu_packed_convs: int) -> str:
+    """What runs on VTA and what stays on the CPU, for the run's log."""
+    return (
+        f"{sum(t.count for t in tasks)} packed conv(s) on VTA as {len(tasks)} knob task(s): "
+        f"{', '.join(t.name for t in tasks)}; {cpu_packed_convs} packed conv(s) stay on the CPU"
+    )
+
+
 def save_tasks(out_dir: Path, tasks: list[VtaTask]) -> None:
     (Path(out_dir) / TASKS_FILE).write_text(json.dumps([t.to_dict() for t in tasks], indent=1))
 
