@@ -13,6 +13,7 @@ from vta_pipeline import guard, history, steps, variant
 from vta_pipeline.boards import BoardSpec
 from vta_pipeline.config import GuardConfig, MeasureConfig, ModelConfig, PipelineConfig, TuneConfig
 from vta_pipeline.extract import load_tasks
+from vta_pipeline.report import RunResult
 from vta_pipeline.search.trial_log import read_trials
 from vta_pipeline.store.artifacts import ArtifactStore
 from vta_pipeline.store.hashing import sha256_file
@@ -24,20 +25,22 @@ def _run(run_id, night, store, tune_art, tuned_ms=1.0, untuned_ms=4.0, build_id=
     """A finished run's result around one real tune artifact (what the flow assembles), or none."""
     tasks = [json.loads((tune_art.path / "summary.json").read_text())] if tune_art else []
     ev = {"mean_ms": tuned_ms, "median_ms": tuned_ms, "std_ms": 0.01, "correct": correct, "max_abs_err": 0.0}
-    return {
-        "run_id": run_id,
-        "night": night,
-        "model": "micronet",
-        "target": "host",
-        "target_id": "t",
-        "board_key": "test",
-        "seconds": 10.0,
-        "finished": 1.7e9,
-        "tasks": tasks,
-        "config": config or {},
-        "untuned": dict(ev, mean_ms=untuned_ms, evaluation_id=f"{run_id}-u", build_id=f"{build_id}-untuned"),
-        "tuned": dict(ev, evaluation_id=f"{run_id}-t", build_id=build_id),
-    }
+    return RunResult.model_validate(
+        {
+            "run_id": run_id,
+            "night": night,
+            "model": "micronet",
+            "target": "host",
+            "target_id": "t",
+            "board_key": "test",
+            "seconds": 10.0,
+            "finished": 1.7e9,
+            "tasks": tasks,
+            "config": config or {},
+            "untuned": dict(ev, mean_ms=untuned_ms, evaluation_id=f"{run_id}-u", build_id=f"{build_id}-untuned"),
+            "tuned": dict(ev, evaluation_id=f"{run_id}-t", build_id=build_id),
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +57,7 @@ def two_sessions(micronet, board, host_target, session_store):
 
     n1 = tune("n1", 32)
     run = _run("run-n1", "2026-11-19", session_store, n1)
-    run["target_id"], run["board_key"] = host_target.id, board.key
+    run.target_id, run.board_key = host_target.id, board.key
     added = history.record_run(session_store.root, run, [n1.path])
     n2 = tune("n2", 32)
     return task, n1, n2, added
@@ -80,8 +83,8 @@ def test_every_measurement_lands_in_a_night_partitioned_parquet_dataset(two_sess
 def test_recording_the_same_run_twice_adds_nothing(two_sessions, session_store, host_target, board):
     _, n1, _, _ = two_sessions
     run = _run("run-n1-retry", "2026-11-19", session_store, n1)
-    run["target_id"], run["board_key"] = host_target.id, board.key
-    run["untuned"]["evaluation_id"], run["tuned"]["evaluation_id"] = "run-n1-u", "run-n1-t"  # same artifacts
+    run.target_id, run.board_key = host_target.id, board.key
+    run.untuned.evaluation_id, run.tuned.evaluation_id = "run-n1-u", "run-n1-t"  # same artifacts
     assert history.record_run(session_store.root, run, [n1.path]) == {"measurements": 0, "evaluations": 0}
 
 
@@ -165,7 +168,7 @@ def _guarded(
     tonight_run = _run("tonight", "2026-11-20", None, None, tuned_ms=tonight_ms, build_id=built[tonight].id)
     return steps.regression_verdict(
         store,
-        dict(tonight_run, board_key=board.key),
+        tonight_run.model_copy(update={"board_key": board.key}),
         GuardConfig(confirm_rounds=rounds),
         host_target,
         (board.host, board.port),
@@ -267,7 +270,7 @@ def test_evaluations_recorded_before_the_variant_get_it_from_their_runs_result(t
     part.mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=old_schema).drop_columns(["night"]), part / "part-old.parquet")
     (root / "runs").mkdir()
-    (root / "runs" / "old-int8.json").write_text(json.dumps(legacy))
+    (root / "runs" / "old-int8.json").write_text(json.dumps(legacy.to_json()))
     assert {r["variant"] for r in history.evaluations(root)} == {variant.of(int8)}
     assert guard.check(root, _run("f", "2026-11-20", session_store, n1, tuned_ms=3.0), 10.0).best_ms is None
     assert guard.check(root, _run("i", "2026-11-20", session_store, n1, tuned_ms=2.0, config=int8), 10.0).regressed
@@ -325,7 +328,7 @@ def test_a_torn_current_library_is_copied_again_and_a_torn_current_record_reads_
     the next promotion repairs it from the store's own verified build."""
     store = ArtifactStore(tmp_path / "store")
     art = store.produce("build", "k", lambda out: (out / "model.so").write_bytes(b"\x7fELF" + bytes(range(256)) * 64))
-    night = dict(_run("n1", "2026-11-20", None, None, build_id=art.id))
+    night = _run("n1", "2026-11-20", None, None, build_id=art.id)
     keep = guard.Verdict(
         regressed=False,
         tonight_ms=1.0,
@@ -343,7 +346,9 @@ def test_a_torn_current_library_is_copied_again_and_a_torn_current_record_reads_
     with caplog.at_level("WARNING"):
         torn = guard.read_current(store.root, "micronet", "host", "test", cur["variant"])
     assert torn["lib_ok"] is False and str(lib) in caplog.text and "SHA-256" in caplog.text
-    again = guard.promote(store, dict(night, run_id="n2"), keep)  # the same build: copied again all the same
+    again = guard.promote(
+        store, night.model_copy(update={"run_id": "n2"}), keep
+    )  # the same build: copied again all the same
     assert lib.read_bytes() == art.file("model.so").read_bytes() and again["lib_sha256"] == cur["lib_sha256"]
     record = guard.current_path(store.root, "micronet", "host", "test", cur["variant"])
     record.write_text(record.read_text()[:40])  # torn record
@@ -351,5 +356,5 @@ def test_a_torn_current_library_is_copied_again_and_a_torn_current_record_reads_
     with caplog.at_level("WARNING"):
         assert guard.read_current(store.root, "micronet", "host", "test", cur["variant"]) is None
     assert str(record) in caplog.text
-    assert guard.promote(store, dict(night, run_id="n3"), keep)["build_id"] == art.id
+    assert guard.promote(store, night.model_copy(update={"run_id": "n3"}), keep)["build_id"] == art.id
     assert guard.read_current(store.root, "micronet", "host", "test", cur["variant"])["lib_ok"]

@@ -9,6 +9,7 @@ import pytest
 
 from vta_pipeline import guard, history
 from vta_pipeline.errors import ConfigError
+from vta_pipeline.report import RunResult
 from vta_pipeline.store.artifacts import ArtifactStore
 
 pytestmark = pytest.mark.slow
@@ -59,13 +60,18 @@ def test_a_failed_pair_is_reported_the_others_finish_and_the_retry_redoes_only_w
     assert len(bad) == 2 and all(r.state.is_failed() for r in bad)
     # ...but its steps were computed once: the retry took them from the store's cache
     computed = Counter(e["step"] for e in store.events() if e["event"] == "computed")
-    # (the nightly's defaults take the fast path: the cpu-layout step blocks micronet's convs)
-    assert computed == {"fetch": 1, "cpu_layout": 1, "extract": 1, "tune": 2, "pick_best": 1, "build": 2, "evaluate": 2}
+    # (the nightly's defaults take the fast path: the cpu-layout step blocks micronet's convs);
+    # a tuned build whose every task kept its default lowering is the untuned library, byte for
+    # byte, and its evaluation is the untuned one's (the same content-keyed artifact)
+    result = json.loads(next((store.root / "runs").glob("*.json")).read_text())
+    libraries = len({result["untuned"]["build_id"], result["tuned"]["build_id"]})
+    expected = {"fetch": 1, "cpu_layout": 1, "extract": 1, "tune": 2, "pick_best": 1, "build": 2, "evaluate": libraries}
+    assert computed == expected
     # tonight's measurements and evaluations are in the history, once: the retry's evaluation
     # is the same (cached) evaluate artifact as the first attempt's
     (night,) = history.best_per_night(store.root, "micronet")
     assert night["night"] == "2026-11-20" and night["runs"] == 1
-    assert len(history.read(store.root, history.EVALUATIONS)) == 2
+    assert len(history.read(store.root, history.EVALUATIONS)) == libraries  # one row per evaluation artifact
     assert len(history.read(store.root, history.MEASUREMENTS)) == 6  # 2 tasks x 3 trials, not doubled by the retry
 
 
@@ -76,17 +82,14 @@ def test_a_regressed_night_says_so_and_keeps_the_best_nights_build(night_a, boar
     _, store = night_a
     first = json.loads(sorted((store.root / "runs").glob("*.json"))[0].read_text())
     # The history remembers a (much) faster night whose build is night A's tuned build.
-    history.record_run(
-        store.root,
-        dict(
-            first,
-            run_id="legend",
-            night="2026-11-19",
-            tuned=dict(first["tuned"], mean_ms=first["tuned"]["mean_ms"] / 100, evaluation_id="legend-t"),
-            untuned=dict(first["untuned"], evaluation_id="legend-u"),
-        ),
-        [],
+    legend = dict(
+        first,
+        run_id="legend",
+        night="2026-11-19",
+        tuned=dict(first["tuned"], mean_ms=first["tuned"]["mean_ms"] / 100, evaluation_id="legend-t"),
+        untuned=dict(first["untuned"], evaluation_id="legend-u"),
     )
+    history.record_run(store.root, RunResult.model_validate(legend), [])
     (cfg,) = pair_configs(
         ["micronet"],
         ["host"],

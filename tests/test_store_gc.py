@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from vta_pipeline import guard, history, variant
 from vta_pipeline.cli.main import app
+from vta_pipeline.report import RunResult
 from vta_pipeline.search.trial_log import read_trials
 from vta_pipeline.store import gc as store_gc
 from vta_pipeline.store.artifacts import ArtifactStore
@@ -32,22 +33,24 @@ def _build(store: ArtifactStore, key: str, size: int = 4096):
     return store.produce("build", key, lambda out: (out / "model.so").write_bytes(key.encode() * (size // len(key))))
 
 
-def _result(run_id: str, night: str, build_id: str, tuned_ms: float, correct: bool = True) -> dict:
+def _result(run_id: str, night: str, build_id: str, tuned_ms: float, correct: bool = True) -> RunResult:
     ev = {"mean_ms": tuned_ms, "median_ms": tuned_ms, "std_ms": 0.01, "correct": correct, "max_abs_err": 0.0}
-    return {
-        "run_id": run_id,
-        "night": night,
-        "model": "micronet",
-        "target": "host",
-        "target_id": "t",
-        "board_key": "test",
-        "seconds": 10.0,
-        "finished": 1.7e9,
-        "tasks": [],
-        "config": {},
-        "untuned": dict(ev, mean_ms=9.0, evaluation_id=f"{run_id}-u", build_id=f"{build_id}-untuned"),
-        "tuned": dict(ev, evaluation_id=f"{run_id}-t", build_id=build_id),
-    }
+    return RunResult.model_validate(
+        {
+            "run_id": run_id,
+            "night": night,
+            "model": "micronet",
+            "target": "host",
+            "target_id": "t",
+            "board_key": "test",
+            "seconds": 10.0,
+            "finished": 1.7e9,
+            "tasks": [],
+            "config": {},
+            "untuned": dict(ev, mean_ms=9.0, evaluation_id=f"{run_id}-u", build_id=f"{build_id}-untuned"),
+            "tuned": dict(ev, evaluation_id=f"{run_id}-t", build_id=build_id),
+        }
+    )
 
 
 @pytest.fixture
