@@ -130,13 +130,13 @@ def bare_loop(
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from vta_pipeline import intrin_registry
     from vta_pipeline.boards import BoardSpec, pools
     from vta_pipeline.boards.builder import make_builder
     from vta_pipeline.config import MeasureConfig, TuneConfig, parse_hostport
     from vta_pipeline.extract import load_tasks, select_tasks
     from vta_pipeline.store.artifacts import ArtifactStore
     from vta_pipeline.targets import resolve_target
+    from vta_pipeline.tir import intrin_registry
     from vta_pipeline.tune import genetic_iters, population_size
 
     st = ArtifactStore(store)

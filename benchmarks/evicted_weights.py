@@ -47,7 +47,7 @@ def conv_records(pick_best: Path) -> dict[str, Any]:
     from tvm.s_tir import Schedule
     from tvm.s_tir import meta_schedule as ms
 
-    from vta_pipeline.workload_keys import workload_key
+    from vta_pipeline.store.workload_keys import workload_key
 
     tasks = {t["workload_hash"]: t["task"] for t in json.loads((pick_best / "best.json").read_text())}
     db = ms.database.JSONDatabase(

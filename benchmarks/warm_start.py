@@ -16,13 +16,14 @@ import json
 import time
 from pathlib import Path
 
-from vta_pipeline import history, steps
+from vta_pipeline import steps
 from vta_pipeline.boards import (
     BoardSpec,
     LocalBoard,
 )
 from vta_pipeline.config import MeasureConfig, ModelConfig, TuneConfig
 from vta_pipeline.extract import load_tasks
+from vta_pipeline.store import history
 from vta_pipeline.store.artifacts import ArtifactStore
 from vta_pipeline.targets import resolve_target
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 
-from vta_pipeline.liveness import dead_runs, identity
+from vta_pipeline.boards.liveness import dead_runs, identity
 from vta_pipeline.store.artifacts import ArtifactStore
 
 STARTED, ENDED, MARKED = "run_started", "run_ended", "run_marked_crashed"

@@ -11,8 +11,9 @@ from typing import Any
 
 from prefect import task
 
-from vta_pipeline import guard, history, steps
+from vta_pipeline import guard, steps
 from vta_pipeline.report import RunResult
+from vta_pipeline.store import history
 
 from .common import artifact, open_store
 

@@ -29,7 +29,7 @@ def _init() -> None:
 
 
 def main() -> None:
-    from vta_pipeline.board_server import serve
+    from vta_pipeline.boards.server import serve
 
     serve(_init, "liar", __doc__.splitlines()[0])
 

@@ -18,7 +18,7 @@ def _init() -> None:
 
 
 def main() -> None:
-    from vta_pipeline.board_server import serve
+    from vta_pipeline.boards.server import serve
 
     serve(_init, "oldtvm", __doc__.splitlines()[0])
 

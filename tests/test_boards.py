@@ -16,8 +16,8 @@ import pytest
 
 from vta_pipeline import boards
 from vta_pipeline.boards import LocalBoard, reap_orphans
+from vta_pipeline.boards.liveness import identity
 from vta_pipeline.errors import BoardError
-from vta_pipeline.liveness import identity
 
 
 def _gone(pids, timeout_s=5.0) -> list[int]:
@@ -214,7 +214,7 @@ def test_board_down_never_signals_a_process_that_took_a_recorded_pid(tmp_path):
     signals a recorded pid only while it is the process recorded (pid and start time), and in
     an older state file without start times only one that runs a board program."""
     from vta_pipeline.boards import stop_from_state
-    from vta_pipeline.liveness import identity
+    from vta_pipeline.boards.liveness import identity
 
     bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:

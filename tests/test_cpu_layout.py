@@ -21,12 +21,13 @@ from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 
 from vta_pipeline import cpu_layout as layout_step
-from vta_pipeline import emulate, intrin_registry
 from vta_pipeline.config import build_config
+from vta_pipeline.passes import emulate
 from vta_pipeline.passes.cpu_layout import LayoutParams, block_for, cpu_layout, params_for
 from vta_pipeline.passes.graph import op_sequence
 from vta_pipeline.passes.quantize import QuantizeParams, quantize
 from vta_pipeline.targets import resolve_target
+from vta_pipeline.tir import intrin_registry
 
 
 class TwoConv(nn.Module):  # the network: 72 -> 120 3x3, 120 -> 40 1x1
@@ -269,7 +270,7 @@ def test_the_fast_path_is_the_default_of_every_cpu_target_and_flags_override_it(
 
 
 def test_a_blocked_night_is_a_variant_of_its_own_and_a_night_from_before_the_presets_keeps_its_variant():
-    from vta_pipeline import variant
+    from vta_pipeline.store import variant
 
     default = build_config(None, {}).model_dump(mode="json")
     plain = build_config(None, {"opt": "O0"}).model_dump(mode="json")

@@ -257,9 +257,9 @@ def test_a_stalled_tracker_with_a_full_accept_queue_is_waited_for_not_reported_d
 def test_a_board_registers_again_by_itself_after_its_tracker_was_gone_for_90_s():
     """TVM's rpc_server gives up on a tracker unreachable for 60 s: its listening thread ends,
     its process stays, and it is registered nowhere until someone restarts it (the plain server
-    below shows it). Ours (`vta_pipeline.board_server`, what `board up`, the local boards and
+    below shows it). Ours (`vta_pipeline.boards.server`, what `board up`, the local boards and
     `board serve` run) is replaced once the tracker is back, and serves sessions again."""
-    from vta_pipeline import board_server
+    from vta_pipeline.boards import server as board_server
 
     with LocalBoard(key="outage", num_servers=1) as b:
         b._spawn(

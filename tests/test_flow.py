@@ -10,9 +10,9 @@ import time
 import pytest
 import tvm
 
-from vta_pipeline import history
 from vta_pipeline.boards import LocalBoard
 from vta_pipeline.config import build_config
+from vta_pipeline.store import history
 from vta_pipeline.store.artifacts import ArtifactStore
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ import pytest
 import torch
 from int8_nets import Blocks, build_run, randomize, to_relax
 
-from vta_pipeline import emulate
+from vta_pipeline.passes import emulate
 from vta_pipeline.passes.graph import op_sequence
 from vta_pipeline.passes.graph_pack import PackError, PackParams, graph_pack
 from vta_pipeline.passes.quantize import QuantizeParams, quantize

@@ -9,12 +9,13 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from vta_pipeline import guard, history, steps, variant
+from vta_pipeline import guard, steps
 from vta_pipeline.boards import BoardSpec
 from vta_pipeline.config import GuardConfig, MeasureConfig, ModelConfig, PipelineConfig, TuneConfig
 from vta_pipeline.extract import load_tasks
 from vta_pipeline.report import RunResult
 from vta_pipeline.search.trial_log import read_trials
+from vta_pipeline.store import history, variant
 from vta_pipeline.store.artifacts import ArtifactStore
 from vta_pipeline.store.hashing import sha256_file
 
@@ -312,7 +313,7 @@ def test_a_zero_byte_or_torn_history_part_is_quarantined_with_a_warning_and_the_
     empty.write_bytes(b"")
     torn = base / "night=2026-11-29" / "part-0-torn-0.parquet"
     torn.write_bytes(next((base / "night=2026-11-29").glob("part-*")).read_bytes()[:40])
-    with caplog.at_level("WARNING", logger="vta_pipeline.history"):
+    with caplog.at_level("WARNING", logger="vta_pipeline.store.history"):
         got = history.read(tmp_path, history.EVALUATIONS)
     assert sorted(got.column("run_id").to_pylist()) == ["r1", "r2"]
     assert not empty.exists() and not torn.exists()

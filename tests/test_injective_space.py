@@ -14,18 +14,20 @@ from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import codegen
 
-from vta_pipeline import emulate, int8_dot, intrin_registry, spaces
+from vta_pipeline import spaces
 from vta_pipeline import tune as tuning
 from vta_pipeline.boards import BoardSpec
 from vta_pipeline.build import LIB, build_network
 from vta_pipeline.config import MeasureConfig, TuneConfig
 from vta_pipeline.extract import load_tasks
+from vta_pipeline.passes import emulate
 from vta_pipeline.passes.graph_pack import PackParams, graph_pack
 from vta_pipeline.passes.pipeline import lower_for_tuning
 from vta_pipeline.passes.quantize import QuantizeParams, quantize
 from vta_pipeline.search.trial_log import read_state, task_work_dir
 from vta_pipeline.spaces import design_space
 from vta_pipeline.spaces import injective as injective_space
+from vta_pipeline.tir import int8_dot, intrin_registry
 
 HERE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # AVX2 (what CI runs)
 host_has_avx2 = bool(

@@ -24,13 +24,14 @@ from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import codegen
 
-from vta_pipeline import emulate, int8_dot
 from vta_pipeline.build import LIB, build_network
+from vta_pipeline.passes import emulate
 from vta_pipeline.passes.graph import op_sequence
 from vta_pipeline.passes.graph_pack import PackError, PackParams, graph_pack
 from vta_pipeline.passes.pipeline import lower_for_tuning
 from vta_pipeline.passes.quantize import QuantizeParams, quantize
 from vta_pipeline.search.database import open_database
+from vta_pipeline.tir import int8_dot
 
 HERE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # AVX2 (what CI and this machine run)
 CASCADELAKE = {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}  # AVX512-VNNI: compiled, not run

@@ -5,7 +5,7 @@ import inspect
 import sys
 import types
 
-from vta_pipeline import intrin_registry
+from vta_pipeline.tir import intrin_registry
 
 
 class _CountingModule(types.ModuleType):

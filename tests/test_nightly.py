@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from vta_pipeline import guard, history
+from vta_pipeline import guard
 from vta_pipeline.errors import ConfigError
 from vta_pipeline.report import RunResult
+from vta_pipeline.store import history
 from vta_pipeline.store.artifacts import ArtifactStore
 
 pytestmark = pytest.mark.slow

@@ -26,14 +26,15 @@ from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import codegen
 
-from vta_pipeline import emulate, int8_dot, intrin_registry
 from vta_pipeline.build import LIB, build_network
+from vta_pipeline.passes import emulate
 from vta_pipeline.passes.cpu_layout import cpu_layout
 from vta_pipeline.passes.graph_pack import PackError, PackParams, graph_pack
 from vta_pipeline.passes.pipeline import lower_for_tuning
 from vta_pipeline.passes.quantize import QuantizeParams, quantize
 from vta_pipeline.spaces import design_space
 from vta_pipeline.spaces import packed_conv as packed_conv_space
+from vta_pipeline.tir import int8_dot, intrin_registry
 
 HERE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # AVX2 (what CI and this machine run)
 SKYLAKE = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}  # AVX-512: compiled, not run

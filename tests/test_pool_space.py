@@ -12,10 +12,11 @@ from tvm import relax
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 
-from vta_pipeline import schedule_rules, spaces
+from vta_pipeline import spaces
 from vta_pipeline.search.trial_log import read_state
 from vta_pipeline.spaces import pool as pool_space
 from vta_pipeline.spaces.upgrade import ARCHIVED, archive_name, upgrades
+from vta_pipeline.tir import schedule_rules
 
 HERE = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})  # AVX2 (what CI runs)
 PACKED = (1, 2, 32, 32, 1, 16)  # NCHW1n16c: 32 channels, 32 x 32

@@ -7,9 +7,9 @@ import pytest
 import torch
 from int8_nets import Blocks, SmallCNN, build_run, randomize, to_relax, train_small_cnn
 
-from vta_pipeline import emulate
 from vta_pipeline.config import ModelConfig, QuantizeConfig
 from vta_pipeline.errors import ConfigError
+from vta_pipeline.passes import emulate
 from vta_pipeline.passes.graph import dtype_of, main_bindings, op_name, op_sequence
 from vta_pipeline.passes.quantize import QuantizeParams, Quantizer, quantize
 from vta_pipeline.quantize import calibrate
@@ -40,7 +40,7 @@ def test_the_emulation_follows_the_recipe_arithmetic_written_out_by_hand():
     the rules computed independently of the graph interpreter."""
     import torch
 
-    from vta_pipeline.emulate import conv2d
+    from vta_pipeline.passes.emulate import conv2d
 
     class Two(torch.nn.Module):
         def __init__(self):

@@ -10,12 +10,14 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from vta_pipeline import history, records_library, steps
+from vta_pipeline import steps
 from vta_pipeline.boards import BoardSpec
 from vta_pipeline.cli.main import app
 from vta_pipeline.config import MeasureConfig, TuneConfig
 from vta_pipeline.extract import load_tasks
+from vta_pipeline.search import records_library
 from vta_pipeline.search.trial_log import read_trials
+from vta_pipeline.store import history
 from vta_pipeline.store.artifacts import ArtifactStore
 from vta_pipeline.targets import resolve_target
 from vta_pipeline.tune import library_candidates

@@ -3,7 +3,7 @@
 import logging
 import warnings
 
-from vta_pipeline.run_log import open_run_log
+from vta_pipeline.cli.run_log import open_run_log
 
 
 def test_warnings_go_to_the_run_log_not_the_console(tmp_path, capfd):

@@ -4,7 +4,7 @@ import tvm
 from tvm import te, topi
 from tvm.s_tir import meta_schedule as ms
 
-from vta_pipeline import intrin_registry, schedule_rules
+from vta_pipeline.tir import intrin_registry, schedule_rules
 
 
 def _max_pool():

@@ -23,7 +23,7 @@ import pytest
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
-from vta_pipeline import intrin_registry, steps
+from vta_pipeline import steps
 from vta_pipeline.config import build_config
 from vta_pipeline.extract import load_tasks
 from vta_pipeline.spaces import design_space
@@ -31,6 +31,7 @@ from vta_pipeline.spaces import label as space_label
 from vta_pipeline.spaces import versions as space_versions
 from vta_pipeline.store.artifacts import ArtifactStore
 from vta_pipeline.targets import resolve_target
+from vta_pipeline.tir import intrin_registry
 
 PINS = Path(__file__).resolve().parent / "data" / "space_pins.json"
 ZNVER3 = '{"preset": "host", "target": {"mcpu": "znver3", "num-cores": 2}}'  # AVX2

@@ -19,7 +19,6 @@ from loop_nests import rows_by_thread
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 
-from vta_pipeline import intrin_registry
 from vta_pipeline.boards import BoardSpec
 from vta_pipeline.config import MeasureConfig, TuneConfig
 from vta_pipeline.search.trial_log import read_state, read_trials, write_state
@@ -27,6 +26,7 @@ from vta_pipeline.spaces import design_space
 from vta_pipeline.spaces import label as space_label
 from vta_pipeline.spaces import packed_conv as packed_conv_space
 from vta_pipeline.spaces import upgrade as space_upgrade
+from vta_pipeline.tir import intrin_registry
 from vta_pipeline.tune import LIBRARY_SEEDS, library_candidates, tune_task
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "packed_conv_v1_records.json"

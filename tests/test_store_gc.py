@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from vta_pipeline import guard, history, variant
+from vta_pipeline import guard
 from vta_pipeline.cli.main import app
 from vta_pipeline.report import RunResult
 from vta_pipeline.search.trial_log import read_trials
 from vta_pipeline.store import gc as store_gc
+from vta_pipeline.store import history, variant
 from vta_pipeline.store.artifacts import ArtifactStore
 
 DAY = 86400.0

@@ -95,8 +95,8 @@ def _integer_region_is_bit_exact(quantized_dir, packed_dir):
     classifier's rounding differs."""
     from int8_nets import build_run
 
-    from vta_pipeline import emulate
     from vta_pipeline.fetch import load_module, load_reference
+    from vta_pipeline.passes import emulate
 
     x, _ = load_reference(quantized_dir)
     packed_cut, _ = _input_of_first(load_module(packed_dir), "mean")

@@ -1,6 +1,6 @@
 """The next block of weights, prefetched by the nest that reads each block once.
 
-`vta_pipeline/weight_prefetch.py` inserts, at build time, prefetches into the loops a schedule
+`vta_pipeline/tir/weight_prefetch.py` inserts, at build time, prefetches into the loops a schedule
 marks. These tests take real candidates of the packed-conv space for a conv whose weights
 outweigh its activations (its third design space marks its innermost tile loop) and check
 what the rewrite must guarantee: the lines it prefetches are exactly the next block's, spread
@@ -18,10 +18,10 @@ from tvm import tirx
 from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 from tvm.sym import Analyzer
 
-from vta_pipeline import intrin_registry, weight_prefetch
 from vta_pipeline.boards.builder import fast_build
 from vta_pipeline.passes.graph_pack import PackParams, graph_pack
 from vta_pipeline.passes.pipeline import lower_for_tuning
+from vta_pipeline.tir import intrin_registry, weight_prefetch
 
 
 @pytest.fixture(scope="module")

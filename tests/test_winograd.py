@@ -174,7 +174,7 @@ def test_the_gemm_reads_each_block_of_weights_as_one_run_and_prefetches_the_next
     order, 0.594 laid out, 0.557 laid out and prefetching."""
     from test_weight_prefetch import _weights, assert_prefetches_the_next_blocks
 
-    from vta_pipeline import weight_prefetch
+    from vta_pipeline.tir import weight_prefetch
 
     lowered, _, _, _ = network
     wl = _winograd_tasks(lowered)[0].dispatched[0]
@@ -194,8 +194,8 @@ def test_a_version_2_record_is_carried_into_version_3_with_its_decisions(network
     version 3 with their decisions, are measured first (`spaces.upgrade`)."""
     from tvm.s_tir.schedule import Trace
 
-    from vta_pipeline import weight_prefetch
     from vta_pipeline.spaces import upgrade as space_upgrade
+    from vta_pipeline.tir import weight_prefetch
 
     lowered, _, _, _ = network
     wl = _winograd_tasks(lowered)[0].dispatched[0]

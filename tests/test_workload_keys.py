@@ -7,11 +7,12 @@ import shutil
 
 import pytest
 
-from vta_pipeline import history, steps, workload_keys
+from vta_pipeline import steps
 from vta_pipeline.boards import BoardSpec
 from vta_pipeline.config import MeasureConfig, ModelConfig, PackConfig, PipelineConfig, QuantizeConfig, TuneConfig
 from vta_pipeline.extract import load_tasks
 from vta_pipeline.search.trial_log import read_trials
+from vta_pipeline.store import history, workload_keys
 from vta_pipeline.tune import tune_task
 
 MEASURE = MeasureConfig(number=2, repeat=1, timeout_s=60)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import weight_prefetch
+from .tir import weight_prefetch
 
 STEP = "build"
 VERSION = 3  # 2: tuned weight layouts pre-packed at build time; 3: and read as constants, not a tuple per call

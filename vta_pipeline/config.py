@@ -137,7 +137,7 @@ class TuneConfig(_Strict):
 
     records_library: str = Field(
         "builtin",
-        description="Where a workload the store has no records of starts its search (vta_pipeline.records_library): "
+        description="Where a workload the store has no records of starts its search (vta_pipeline.search.records_library): "
         "'builtin' = the records shipped with the package for this CPU class, 'off', or a directory written by "
         "`vta-pipeline library export`. Its records are measured on this board first, never trusted for their "
         "time; warm_start 0 turns it off too.",
@@ -146,7 +146,7 @@ class TuneConfig(_Strict):
     @field_validator("records_library")
     @classmethod
     def _library(cls, v):
-        from .records_library import LibraryError, resolve  # its one check, before any tuning starts
+        from .search.records_library import LibraryError, resolve  # its one check, before any tuning starts
 
         try:
             resolve(v)

@@ -177,7 +177,7 @@ def extract_tasks(
 
     from .fetch import load_module
     from .passes.pipeline import lower_for_tuning
-    from .workload_keys import workload_key
+    from .store.workload_keys import workload_key
 
     target = tvm.target.Target(target_spec)
     mod = load_module(imported_dir)

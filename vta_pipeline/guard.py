@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.compute as pc
 
-from . import history
+from .store import history
 from .store.artifacts import ArtifactStore, atomic_write_text, durable_replace
 from .store.hashing import sha256_file
 

@@ -63,7 +63,7 @@ def calibration_inputs(cfg: QuantizeConfig, input_shape: tuple[int, ...], seed: 
 
 def calibrate(mod, cfg: QuantizeConfig, batches: list[np.ndarray]) -> dict[Any, int]:
     """Per-activation exponents from the float graph's values on the calibration batches."""
-    from . import emulate
+    from .passes import emulate
     from .passes.quantize import QuantizeParams, quantization_points
 
     points = quantization_points(mod)
@@ -88,8 +88,8 @@ def quantize_model(model_dir: Path, cfg: QuantizeConfig, out_dir: Path, seed: in
 
     import tvm
 
-    from . import emulate
     from .fetch import load_module, load_reference
+    from .passes import emulate
     from .passes.graph import op_sequence
     from .passes.quantize import QuantizeParams, fold_batch_norm, quantize
 

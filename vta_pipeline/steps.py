@@ -20,7 +20,7 @@ from . import cpu_layout as layout_mod
 from . import evaluate as eval_mod
 from . import extract as extract_mod
 from . import fetch as fetch_mod
-from . import guard, history, records_library, spaces, workload_keys
+from . import guard, spaces
 from . import pack as pack_mod
 from . import pick_best as pick_best_mod
 from . import quantize as quantize_mod
@@ -37,8 +37,9 @@ from .config import (
     TuneConfig,
 )
 from .errors import BoardError, ConfigError
-from .search import retime, trial_log
+from .search import records_library, retime, trial_log
 from .search.work_dir import WorkDir
+from .store import history, workload_keys
 from .store.artifacts import Artifact, ArtifactStore
 from .store.hashing import sha256_file, sha256_json
 from .targets import ResolvedTarget

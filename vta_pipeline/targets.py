@@ -49,7 +49,7 @@ class TargetPreset:
     runtime: str = ""  # what a board of this kind needs to serve RPC
     unavailable: str | None = None  # what the preset still needs before anything can run on it
     offload: str | None = None  # "vta": packed convs run on a VTA board's simulator, the rest on its CPU
-    server_module: str = "vta_pipeline.board_server"  # what a local board of this kind runs
+    server_module: str = "vta_pipeline.boards.server"  # what a local board of this kind runs
 
 
 # The RK3399's big cluster (2x Cortex-A72): TVM's runtime binds its threads to big cores.

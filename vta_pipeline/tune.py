@@ -31,15 +31,15 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from . import int8_dot, intrin_registry, schedule_rules, spaces
+from . import spaces
 from .boards import BoardSpec, pools
 from .config import MeasureConfig, TuneConfig
 from .errors import BoardError
-from .progress import publish
 from .search import retime
 from .search.cost_model import lease as lease_cost_model
 from .search.database import known_hashes, open_database, repair_database, seed_database
 from .search.hooks import make_guarded_search, make_log_callback
+from .search.progress import publish
 from .search.trial_log import (
     FAILED,
     history,
@@ -53,6 +53,7 @@ from .search.trial_log import (
 from .search.work_dir import Status, Stopped, WorkDir
 from .spaces import upgrade as space_upgrade
 from .store.artifacts import atomic_write_text, read_json
+from .tir import int8_dot, intrin_registry, schedule_rules
 
 log = logging.getLogger(__name__)
 

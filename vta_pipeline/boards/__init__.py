@@ -8,7 +8,7 @@
 - `watchdog`: processes that die with the process that started them;
 - `pools`, `builder`: the candidate builder and board runner pools every tuning task shares.
 
-A board's own side (what runs on it, `python -m vta_pipeline.board_server`) stays at the top
+A board's own side (what runs on it, `python -m vta_pipeline.boards.server`) stays at the top
 of the package: its module path is in our users' systemd units.
 """
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import BoardError
-from ..liveness import alive, identity
+from .liveness import alive, identity
 from .tracker import SERVER_PORT_RANGE, count_servers, free_port, port_open, tracker_summary
 
 START_TIMEOUT_S = 600.0
@@ -73,7 +73,7 @@ class LocalBoard:
     registry: Path | None = None
     threads: int | None = None
     # the server program: TVM's, or one that registers more functions (the VTA simulator board's)
-    server_module: str = "vta_pipeline.board_server"
+    server_module: str = "vta_pipeline.boards.server"
     procs: list[subprocess.Popen] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
 
@@ -428,7 +428,14 @@ def _group_alive(pgid: int) -> bool:
 
 
 # the watchdog by its module path of today and of the versions before the boards package (their boards are reaped too)
-BOARD_PROGRAMS = ("rpc_tracker", "rpc_server", "board_server", "vta_pipeline.boards.watchdog", "vta_pipeline.watchdog")
+BOARD_PROGRAMS = (
+    "rpc_tracker",
+    "rpc_server",
+    "vta_pipeline.boards.server",
+    "board_server",  # boards started before the server moved into boards/
+    "vta_pipeline.boards.watchdog",
+    "vta_pipeline.watchdog",
+)
 
 
 def _still_ours(state: dict[str, Any]) -> list[int]:

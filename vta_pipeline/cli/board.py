@@ -57,7 +57,7 @@ def board_up(
     if BOARD_STATE.exists():
         _fail(f"a local board is already recorded in {BOARD_STATE}: run `vta-pipeline board down` first")
     key = key or ("vta-sim" if vta_sim else "host")
-    module = "vta_pipeline.vta.rpc_server" if vta_sim else "vta_pipeline.board_server"
+    module = "vta_pipeline.vta.rpc_server" if vta_sim else "vta_pipeline.boards.server"
     b = _guard(
         lambda: LocalBoard(
             key=key,
@@ -93,8 +93,8 @@ def board_serve(
     ] = None,
 ):
     """Serve this machine as a board of the rack, in the foreground, until Ctrl-C or SIGTERM;
-    re-registers by itself after a tracker outage of any length (vta_pipeline.board_server)."""
-    from vta_pipeline.board_server import main
+    re-registers by itself after a tracker outage of any length (vta_pipeline.boards.server)."""
+    from vta_pipeline.boards.server import main
     from vta_pipeline.config import board_key_problem, parse_hostport
 
     if board_key_problem(key):

@@ -18,7 +18,7 @@ def _fail(msg: str) -> None:
 def _history_store(store: Path | None) -> Path:
     """The store whose history a command reads (`history`, `library export`), or a clear error
     that names the store one level down where compare.py keeps it."""
-    from vta_pipeline.history import history_dir
+    from vta_pipeline.store.history import history_dir
 
     root = store or Path("vta-store")
     if not history_dir(root).exists():

@@ -36,7 +36,7 @@ def _print_rows(rows: list[dict], title: str, as_json: bool, empty: str) -> None
 @history_app.command("nights")
 def history_nights(store: StoreOpt = None, model: ModelOpt = None, target: TargetOpt = None, as_json: JsonOpt = False):
     """Best (correct) tuned latency per model / variant (fp32, int8, pack) / target / board key, night by night."""
-    from vta_pipeline import history
+    from vta_pipeline.store import history
 
     rows = history.best_per_night(_history_store(store), model, target)
     _print_rows(rows, "best tuned latency per night (ms)", as_json, "no tuned evaluations match")
@@ -50,7 +50,7 @@ def history_trend(
     as_json: JsonOpt = False,
 ):
     """One model night by night, per variant: untuned and tuned latency, speed-up, trials."""
-    from vta_pipeline import history
+    from vta_pipeline.store import history
 
     rows = history.trend(_history_store(store), model, target)
     _print_rows(
@@ -64,7 +64,7 @@ def history_trend(
 @history_app.command("workloads")
 def history_workloads(store: StoreOpt = None, target: TargetOpt = None, as_json: JsonOpt = False):
     """The best measurement of every workload across all nights."""
-    from vta_pipeline import history
+    from vta_pipeline.store import history
 
     rows = history.best_per_workload(_history_store(store), target)
     _print_rows(rows, "best record per workload (ms)", as_json, "no valid measurements recorded")

@@ -1,5 +1,5 @@
 """`vta-pipeline library export | show`: the records library, the warm start of workloads a
-store has never measured (`vta_pipeline.records_library`)."""
+store has never measured (`vta_pipeline.search.records_library`)."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ def library_export(
     as_json: JsonOpt = False,
 ):
     """Add the store's best records on a target to the library (merged with what it holds)."""
-    from vta_pipeline import records_library
     from vta_pipeline.errors import UserError
+    from vta_pipeline.search import records_library
     from vta_pipeline.targets import resolve_target
 
     root = _history_store(store)
@@ -56,8 +56,8 @@ def library_export(
 @library_app.command("show")
 def library_show(library: LibraryDirOpt = None, as_json: JsonOpt = False):
     """What the library holds: per CPU class, model and commit, with the CPU it was tuned on."""
-    from vta_pipeline import records_library
     from vta_pipeline.cli.history import _print_rows
+    from vta_pipeline.search import records_library
 
     try:
         rows = records_library.summary(library or records_library.BUILTIN)

@@ -57,8 +57,8 @@ def run(
 
             boards.tracker_summary(*cfg.board.address())
         _prefect_env()
+        from vta_pipeline.cli.run_log import open_run_log
         from vta_pipeline.flows.tune_network import tune_network
-        from vta_pipeline.run_log import open_run_log
         from vta_pipeline.tasks.dask_runner import with_task_runner
 
         log_path = open_run_log(store_path)
@@ -91,12 +91,12 @@ def run(
 
 
 class _tuning_progress:
-    """One rich progress bar per tuning task, fed by vta_pipeline.progress events."""
+    """One rich progress bar per tuning task, fed by vta_pipeline.search.progress events."""
 
     def __enter__(self):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from vta_pipeline import progress
+        from vta_pipeline.search import progress
 
         self.bars = Progress(
             TextColumn("{task.description:<34}"),

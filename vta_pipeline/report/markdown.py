@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import history, variant
+from ..store import history, variant
 from . import plots
 from .result import RunResult
 from .vta import vta_markdown

@@ -17,11 +17,12 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict
 
-from .. import cpu_layout, history, variant
+from .. import cpu_layout
 from ..config import PipelineConfig
 from ..pick_best import keeps_default
 from ..search.rounds import TuningRounds
 from ..search.work_dir import WorkDir
+from ..store import history, variant
 from ..store.artifacts import ArtifactStore, atomic_write_text
 from ..targets import ResolvedTarget
 from .vta import vta_result

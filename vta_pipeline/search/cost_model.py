@@ -80,7 +80,7 @@ def _read_records(work_dir: Path, skip: int) -> tuple[list[tuple[Any, Any]], int
     """(workload, record) pairs after the first `skip` record lines, and the line count."""
     from tvm.s_tir import meta_schedule as ms
 
-    from .. import int8_dot
+    from ..tir import int8_dot
     from .database import read_workloads
 
     int8_dot.register()  # tensorized records name our intrinsics: unregistered, they would not parse

@@ -14,9 +14,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from .. import int8_dot
 from ..store.artifacts import atomic_write_text, read_json
-from ..workload_keys import HASH_MASK  # schedule hashes as unsigned 64-bit, as the trial log writes them
+from ..store.workload_keys import (
+    HASH_MASK,  # schedule hashes as unsigned 64-bit, as the trial log writes them
+)
+from ..tir import int8_dot
 from .trial_log import read_trials
 from .work_dir import WorkDir
 

@@ -16,9 +16,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..progress import publish
-from ..workload_keys import HASH_MASK  # schedule hashes as unsigned 64-bit, as the trial log writes them
+from ..store.workload_keys import (
+    HASH_MASK,  # schedule hashes as unsigned 64-bit, as the trial log writes them
+)
 from .database import record_json
+from .progress import publish
 from .trial_log import FAILED, append_trials, mean_secs
 from .work_dir import Stopped
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-from .. import int8_dot
+from ..tir import int8_dot
 from . import dense, injective, packed_conv, pool, winograd
 
 

@@ -73,8 +73,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .. import int8_dot, weight_prefetch
 from ..passes.packed_ops import DEPTHWISE_DOT, DOT_CONV, PACKED_CONV, PACKED_DEPTHWISE
+from ..tir import int8_dot, weight_prefetch
 from .common import fuse_epilogue, parallel_bands
 
 # in the tuning state's space label (from 2 on): a change of a nest searches the tasks that

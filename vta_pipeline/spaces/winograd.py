@@ -35,8 +35,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import weight_prefetch
 from ..passes import winograd as wg
+from ..tir import weight_prefetch
 from .common import fuse_epilogue
 
 # 2: the GEMM weight-major (a task tuned in version 1's space searches again); 3: the transformed

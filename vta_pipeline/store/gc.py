@@ -80,7 +80,7 @@ def _age_s(p: Path, now: float) -> float:
 def protected_builds(store_root: Path) -> dict[str, str]:
     """Build artifact ids gc keeps whatever their age, each with why: the builds current/ points
     at, and the fastest correct tuned build of each (model, variant, target, board key)."""
-    from .. import history
+    from . import history
 
     keep: dict[str, str] = {}
     for rec in sorted((Path(store_root) / "current").glob("*.json")):
@@ -139,7 +139,7 @@ def compact_history(store_root: Path, dry_run: bool = False) -> int:
     import pyarrow.parquet as pq
     from filelock import FileLock
 
-    from .. import history
+    from . import history
     from .artifacts import durable_replace, fsync_dir
 
     merged = 0

@@ -6,12 +6,12 @@ takes the arguments of `python -m tvm.exec.rpc_server` that a board needs and re
 in the server process before it serves any session (TVM's `server_init_callback`; sessions
 are forked from it), the functions of `vta_pipeline.vta.remote`. It registers with the
 tracker under its key like any other board, so tuning and evaluation reach it the same way,
-and outlives a tracker outage as every board does (`vta_pipeline.board_server`).
+and outlives a tracker outage as every board does (`vta_pipeline.boards.server`).
 """
 
 from __future__ import annotations
 
-from vta_pipeline.board_server import serve
+from vta_pipeline.boards.server import serve
 
 
 def _init() -> None:

@@ -1,6 +1,6 @@
 """A board: TVM's RPC server registered with a tracker, that outlives a tracker outage.
 
-    python -m vta_pipeline.board_server --tracker HOST:PORT --key rk3399 [--host 0.0.0.0]
+    python -m vta_pipeline.boards.server --tracker HOST:PORT --key rk3399 [--host 0.0.0.0]
     vta-pipeline board serve --tracker HOST:PORT --key rk3399            (the same)
 
 TVM's own `rpc_server --tracker` gives up when its tracker has been unreachable for 60 s
@@ -25,7 +25,7 @@ import socket
 import time
 from collections.abc import Callable
 
-log = logging.getLogger("vta_pipeline.board_server")
+log = logging.getLogger("vta_pipeline.boards.server")
 
 CHECK_S = 5.0
 UNLISTED_S = 20.0
@@ -100,7 +100,7 @@ def _supervise(server, tracker: tuple[str, int], key: str, stopping: Callable[[]
 
 def _session_init(init: Callable[[], None] | None) -> None:
     """Run in the server's process before it serves: every session can ask who the board is."""
-    from .boards import register_board_info
+    from . import register_board_info
 
     register_board_info()
     if init is not None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .store.hashing import sha256_json, short
+from .hashing import sha256_json, short
 
 # QuantizeConfig fields that change which kernels are built (the others only change scales)
 STRUCTURAL_QUANTIZE = ("skip_conv_layers", "skip_dense_layer", "nbit_input", "nbit_weight", "dtype_activation")
@@ -34,8 +34,8 @@ def _layout(config: dict[str, Any]) -> dict[str, Any] | None:
     """The blocked layout's recipe of a run's config, or None where it ran without it."""
     if "opt" not in config:
         return None
-    from .presets import recipe
-    from .targets import resolve_target
+    from ..presets import recipe
+    from ..targets import resolve_target
 
     try:
         r = recipe(config, resolve_target(config.get("target", "host")))

@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .search.trial_log import read_trials
-from .search.work_dir import WorkDir
-from .store.artifacts import atomic_write_text
+from ..search.trial_log import read_trials
+from ..search.work_dir import WorkDir
+from .artifacts import atomic_write_text
 
 log = logging.getLogger(__name__)
 

@@ -36,11 +36,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from . import history, machine, workload_keys
-from .errors import UserError
-from .store.hashing import sha256_json
+from .. import machine
+from ..errors import UserError
+from ..store import history, workload_keys
+from ..store.hashing import sha256_json
 
-BUILTIN = Path(__file__).parent / "library"
+BUILTIN = Path(__file__).parent.parent / "library"  # vta_pipeline/library, shipped with the package
 """The library shipped with the package: one Parquet file per CPU class."""
 
 PER_WORKLOAD = 4

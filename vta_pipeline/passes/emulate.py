@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 from tvm import relax
 
-from .errors import ModelError
-from .passes.graph import const_value, dtype_of, main_bindings, op_name, shape_of
+from ..errors import ModelError
+from .graph import const_value, dtype_of, main_bindings, op_name, shape_of
 
 
 def _np_dtype(dtype: str):

@@ -35,9 +35,9 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from filelock import FileLock
 
+from ..search.work_dir import WorkDir
 from . import variant, workload_keys
-from .search.work_dir import WorkDir
-from .store.artifacts import durable_replace
+from .artifacts import durable_replace
 
 MEASUREMENTS = "measurements"
 EVALUATIONS = "evaluations"
