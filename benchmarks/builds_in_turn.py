@@ -42,7 +42,7 @@ import numpy as np
 from benchmarks.lib.models import MODELS
 from benchmarks.lib.peaks import HOST_PROBE_BYTES, copy_gbps
 from benchmarks.lib.references import References, references
-from vta_pipeline import machine
+from vta_pipeline.boards import machine
 
 PAUSE_S = 0.5
 HOST_STATES_APART = 1.3  # the probe's fastest and slowest rounds this far apart: two host states

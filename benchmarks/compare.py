@@ -46,7 +46,7 @@ from benchmarks.lib.models import MODELS, STEM, STEM_INT8, WIDE_BLOCK, fp32_bloc
 from benchmarks.lib.peaks import peaks
 from benchmarks.lib.pipeline import PREFECT_ENV, evaluation_stats, model_gflop, pipeline_run, side_by_side, unsettled
 from benchmarks.lib.references import References, frameworks, references
-from vta_pipeline import machine
+from vta_pipeline.boards import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = Path(__file__).resolve().parent / "results"

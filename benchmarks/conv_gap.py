@@ -44,7 +44,7 @@ from benchmarks.lib.kernels import (
     tuned_tasks,
 )
 from benchmarks.lib.peaks import fp32_gemms
-from vta_pipeline import machine
+from vta_pipeline.boards import machine
 
 
 def our_kernel(task: dict[str, Any]) -> Kernel:

@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
 
-    from vta_pipeline import machine
+    from vta_pipeline.boards import machine
 
     res = {
         "meta": {

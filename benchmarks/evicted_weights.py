@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.lib.kernels import Kernel
-from vta_pipeline import machine
+from vta_pipeline.boards import machine
 from vta_pipeline.passes.packed_ops import PACKED_CONV
 from vta_pipeline.passes.winograd import GEMM
 from vta_pipeline.spaces.packed_conv import NCHW_CONV

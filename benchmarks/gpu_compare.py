@@ -35,8 +35,9 @@ import numpy as np
 
 from benchmarks.lib import timing
 from benchmarks.lib.references import torch_model
-from vta_pipeline import boards, fetch, machine, steps
+from vta_pipeline import boards, fetch, steps
 from vta_pipeline import build as build_mod
+from vta_pipeline.boards import machine
 from vta_pipeline.config import EvalConfig, build_config, parse_hostport
 from vta_pipeline.extract import load_tasks, select_tasks
 from vta_pipeline.store.artifacts import ArtifactStore

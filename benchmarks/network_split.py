@@ -36,7 +36,7 @@ import numpy as np
 
 from benchmarks.lib.kernels import SPIN, InstrumentedVM, alternating, ort_session
 from benchmarks.lib.references import ort_quantize, torch_model
-from vta_pipeline import machine
+from vta_pipeline.boards import machine
 
 
 def our_kind(name: str) -> str:

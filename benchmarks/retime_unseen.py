@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from vta_pipeline import baseline, fetch, machine
-from vta_pipeline.boards import LocalBoard
+from vta_pipeline import baseline, fetch
+from vta_pipeline.boards import LocalBoard, machine
 from vta_pipeline.config import PipelineConfig
 
 ROOT = Path(__file__).resolve().parent.parent

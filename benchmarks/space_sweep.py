@@ -40,7 +40,7 @@ from benchmarks.lib.kernels import (
     task_conv_key,
     tuned_tasks,
 )
-from vta_pipeline import machine
+from vta_pipeline.boards import machine
 
 
 def decision_choices(inst, decision) -> list[Any]:

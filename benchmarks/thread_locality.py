@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.lib.peaks import copy_gbps
-from vta_pipeline import machine
+from vta_pipeline.boards import machine
 
 
 def kernels(channels: int, size: int):

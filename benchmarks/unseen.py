@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from vta_pipeline import machine
+from vta_pipeline.boards import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -21,28 +21,15 @@ from pathlib import Path
 
 import numpy as np
 
-from vta_pipeline import machine
+from benchmarks.lib.vta import EPILOGUE, RESNET18
+from vta_pipeline.boards import machine
 from vta_pipeline.vta import conv
-from vta_pipeline.vta.conv import ConvWorkload, Epilogue
+from vta_pipeline.vta.config import VTAConfig
+from vta_pipeline.vta.conv import ConvWorkload
 from vta_pipeline.vta.simulator import CycleModel, Dram, Simulator
 from vta_pipeline.vta.tuner import KnobTuner, local_measure
-from vta_pipeline.vta_config import VTAConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-
-RESNET18 = [  # (batch, height, width, in_filter, out_filter, kh, kw, pad_h, pad_w, stride_h, stride_w)
-    (1, 56, 56, 64, 64, 3, 3, 1, 1, 1, 1),
-    (1, 56, 56, 64, 128, 3, 3, 1, 1, 2, 2),
-    (1, 56, 56, 64, 128, 1, 1, 0, 0, 2, 2),
-    (1, 28, 28, 128, 128, 3, 3, 1, 1, 1, 1),
-    (1, 28, 28, 128, 256, 3, 3, 1, 1, 2, 2),
-    (1, 28, 28, 128, 256, 1, 1, 0, 0, 2, 2),
-    (1, 14, 14, 256, 256, 3, 3, 1, 1, 1, 1),
-    (1, 14, 14, 256, 512, 3, 3, 1, 1, 2, 2),
-    (1, 14, 14, 256, 512, 1, 1, 0, 0, 2, 2),
-    (1, 7, 7, 512, 512, 3, 3, 1, 1, 1, 1),
-]
-EPILOGUE = Epilogue(bias=True, round_add=1 << 8, shift=9, clip_min=0, clip_max=127)
 
 
 def check_exact(wl: ConvWorkload, k: conv.Knobs, cfg: VTAConfig) -> bool:

@@ -84,7 +84,7 @@ def pair_configs(
                 resolved = resolve_target(t)
                 model = parse_model(m)
                 values = {**overrides, **{f"model.{k}": v for k, v in model.items()}, "target": t}
-                if values.get("board.key") is None:
+                if values.get("board.key") is None and ((config or {}).get("board") or {}).get("key") is None:
                     values["board.key"] = resolved.default_key
                 cfg = build_config(config, values, source=f"the nightly parameters, {where}")
                 if cfg.model.source != "onnx":
@@ -99,39 +99,23 @@ def pair_configs(
 def nightly(
     models: list[Any] = ["builtin:tinynet"],  # noqa: B006 (Prefect parameters are copied per run)
     targets: list[str] = ["host"],  # noqa: B006
-    trials_per_task: int = 64,
-    trials_per_batch: int = 16,
-    tracker: str | None = None,
-    key: str | None = None,
-    store: str = "vta-store",
-    time_zone: str = "UTC",
-    warm_start: int = 32,
-    max_regression_pct: float = 10.0,
-    night: str | None = None,
     config: dict[str, Any] | None = None,
+    time_zone: str = "UTC",
+    night: str | None = None,
     dask_address: str | None = None,
     cache: str = "on",
 ) -> dict[str, Any]:
     """Tune each model on each target tonight, continuing past failed pairs.
 
-    `tracker` unset starts a local board (loopback) per pair; `key` unset uses each target
-    preset's default key. `config` holds further PipelineConfig sections applied to every
-    pair (e.g. {"measure": {"timeout_s": 120}, "quantize": {"enabled": true}}).
-    `dask_address` runs the tuning tasks on an existing Dask cluster (store on shared storage).
-    """
+    `config` is the PipelineConfig every pair runs with, the same fields as `vta-pipeline run
+    --config` reads (e.g. {"tune": {"trials_per_task": 64}, "board": {"tracker": "lab:9190"},
+    "store": "/data/vta-store"}); each pair sets its model, its target and the night's tuning
+    session. No `board.tracker`: a local board (loopback) per pair; no `board.key`: each
+    target preset's default key. `dask_address` runs the tuning tasks on an existing Dask
+    cluster (the store on shared storage)."""
     logger = get_run_logger()
     night = night or night_of(flow_run.get_scheduled_start_time(), time_zone)
-    overrides = {
-        "tune.trials_per_task": trials_per_task,
-        "tune.trials_per_batch": trials_per_batch,
-        "tune.session": night,
-        "tune.warm_start": warm_start,
-        "board.tracker": tracker,
-        "board.key": key,
-        "guard.max_regression_pct": max_regression_pct,
-        "store": store,
-    }
-    cfgs = pair_configs(models, targets, overrides, config)
+    cfgs = pair_configs(models, targets, {"tune.session": night}, config)
     logger.info("night %s: %d pair(s): %s", night, len(cfgs), ", ".join(f"{c.model.name}@{c.target}" for c in cfgs))
     rows, failed = [], []
     for cfg in cfgs:

@@ -9,7 +9,7 @@ from prefect import task
 from vta_pipeline import steps
 from vta_pipeline.config import ModelConfig, PackConfig, QuantizeConfig
 from vta_pipeline.targets import resolve_target
-from vta_pipeline.vta_config import VTAConfig
+from vta_pipeline.vta.config import VTAConfig
 
 from .common import RESULTS, artifact, current_id, open_store, store_cache_key
 

@@ -13,7 +13,7 @@ from vta_pipeline.boards import BoardSpec
 from vta_pipeline.config import MeasureConfig, TuneConfig
 from vta_pipeline.extract import TaskInfo
 from vta_pipeline.targets import resolve_target
-from vta_pipeline.vta_config import VTAConfig
+from vta_pipeline.vta.config import VTAConfig
 
 from .common import RESULTS, RETRY, artifact, current_id, open_store, store_cache_key
 

@@ -63,13 +63,14 @@ def deploy_and_run(server, board, store: Path, outputs: Path, timeout_s: float =
     params = {
         "models": ["builtin:micronet"],
         "targets": ["host"],
-        "trials_per_task": 2,
-        "trials_per_batch": 2,
-        "tracker": board.tracker,
-        "key": board.key,
-        "store": str(store),
         "night": NIGHT,
-        "config": {"tune": {"task_filter": "conv2d"}, "measure": {"number": 2}, "evaluate": {"repeat": 3}},
+        "config": {
+            "tune": {"task_filter": "conv2d", "trials_per_task": 2, "trials_per_batch": 2},
+            "measure": {"number": 2},
+            "evaluate": {"repeat": 3},
+            "board": {"tracker": board.tracker, "key": board.key},
+            "store": str(store),
+        },
     }
     triggered = prefect_cli(server, "deployment", "run", "nightly/nightly", "--params", json.dumps(params))
     with open(outputs / "worker.log", "w") as log:

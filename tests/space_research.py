@@ -36,7 +36,7 @@ def generic_then_current(
     )
     monkeypatch.setattr(spaces, "design_space", lambda target, wl, failures=None: "post-order-apply")
     monkeypatch.setattr(spaces, "label", lambda target, wl: "metaschedule")
-    before = tuning.tune_task(*args)
+    before = tuning.tune_task(tuning.TaskJob(*args))
     assert read_state(work)["space"] == "metaschedule" and before.trials >= 1
     monkeypatch.undo()
-    return tuning.tune_task(*args), work  # the same budget, another space: searched again from nothing
+    return tuning.tune_task(tuning.TaskJob(*args)), work  # the same budget, another space: searched again from nothing

@@ -143,9 +143,9 @@ def test_board_up_vta_sim_starts_servers_that_run_vtas_simulator(tmp_path):
     import os
 
     from vta_pipeline.boards import free_port
+    from vta_pipeline.vta.config import VTAConfig
     from vta_pipeline.vta.conv import ConvWorkload, Epilogue, Knobs
     from vta_pipeline.vta.remote import board_measure
-    from vta_pipeline.vta_config import VTAConfig
 
     full = dict(os.environ, VTA_PIPELINE_BOARD_STATE=str(tmp_path / "board.json"))
     cli = [sys.executable, "-m", "vta_pipeline.cli", "board"]

@@ -14,7 +14,7 @@ from vta_pipeline.config import MeasureConfig, TuneConfig
 from vta_pipeline.extract import load_tasks
 from vta_pipeline.search import cost_model
 from vta_pipeline.search.trial_log import read_trials, task_work_dir
-from vta_pipeline.tune import tune_task
+from vta_pipeline.tune import TaskJob, tune_task
 
 MEASURE = MeasureConfig(number=2, repeat=1, timeout_s=60)
 
@@ -30,15 +30,17 @@ def _tuned(micronet, board, host_target, tmp_path_factory):
     for t in convs:
         work = task_work_dir(root, host_target.id, t.workload_hash)
         tune_task(
-            extracted.path / t.file,
-            t.name,
-            t.flops,
-            t.workload_hash,
-            host_target.target_json,
-            BoardSpec(board.host, board.port, board.key, 2),
-            TuneConfig(trials_per_task=8, trials_per_batch=4),
-            MEASURE,
-            work,
+            TaskJob(
+                extracted.path / t.file,
+                t.name,
+                t.flops,
+                t.workload_hash,
+                host_target.target_json,
+                BoardSpec(board.host, board.port, board.key, 2),
+                TuneConfig(trials_per_task=8, trials_per_batch=4),
+                MEASURE,
+                work,
+            )
         )
         works.append(work)
     return root, extracted, convs, works
@@ -109,15 +111,17 @@ def test_leasing_again_and_resumed_rounds_do_not_count_records_twice(tuned_scope
     # update), not again from the records the round wrote.
     t = convs[0]
     out = tune_task(
-        extracted.path / t.file,
-        t.name,
-        t.flops,
-        t.workload_hash,
-        host_target.target_json,
-        BoardSpec(board.host, board.port, board.key, 2),
-        TuneConfig(trials_per_task=12, trials_per_batch=4),
-        MEASURE,
-        works[0],
+        TaskJob(
+            extracted.path / t.file,
+            t.name,
+            t.flops,
+            t.workload_hash,
+            host_target.target_json,
+            BoardSpec(board.host, board.port, board.key, 2),
+            TuneConfig(trials_per_task=12, trials_per_batch=4),
+            MEASURE,
+            works[0],
+        )
     )
     assert out.trials_this_run == 4
     with cost_model.lease(works[0], target):

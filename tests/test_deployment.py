@@ -17,7 +17,9 @@ def test_the_deployment_has_the_nightly_schedule_pool_and_working_directory(depl
     assert (limit.limit if limit is not None else dep.concurrency_limit) == 1
     # a night still running (a hung board past every deadline) cancels the next, never queues nights behind it
     assert str(dep.concurrency_options.collision_strategy.value) == "CANCEL_NEW"
-    assert dep.parameters["trials_per_task"] == 64 and dep.parameters["models"][0] == "builtin:tinynet"
+    assert (
+        dep.parameters["config"]["tune"]["trials_per_task"] == 64 and dep.parameters["models"][0] == "builtin:tinynet"
+    )
     (pull,) = dep.pull_steps
     assert pull["prefect.deployments.steps.set_working_directory"]["directory"] == str(REPO)
     assert dep.job_variables["env"]["PREFECT_LOGGING_EXTRA_LOGGERS"] == "vta_pipeline,tvm"

@@ -27,7 +27,7 @@ from vta_pipeline.extract import load_tasks
 from vta_pipeline.search.database import repair_database
 from vta_pipeline.search.trial_log import read_trials, task_work_dir
 from vta_pipeline.store.artifacts import ArtifactStore
-from vta_pipeline.tune import TuningAborted, tune_task
+from vta_pipeline.tune import TaskJob, TuningAborted, tune_task
 
 pytestmark = pytest.mark.slow
 FAST = MeasureConfig(number=2, timeout_s=5)
@@ -71,10 +71,12 @@ def test_one_board_dies_mid_tuning_and_the_other_finishes_the_budget(micronet, h
             target=lambda: out.setdefault(
                 "r",
                 tune_task(
-                    *_tune_args(extracted, task, host_target, b),
-                    TuneConfig(trials_per_task=budget, trials_per_batch=4),
-                    MeasureConfig(number=2, min_repeat_ms=500, timeout_s=5),
-                    work,
+                    TaskJob(
+                        *_tune_args(extracted, task, host_target, b),
+                        TuneConfig(trials_per_task=budget, trials_per_batch=4),
+                        MeasureConfig(number=2, min_repeat_ms=500, timeout_s=5),
+                        work,
+                    )
                 ),
             )
         )
@@ -109,10 +111,12 @@ def test_hung_board_times_out_and_is_not_used_again(micronet, host_target, tmp_p
         _kill(b.servers[0], signal.SIGSTOP)  # accepts connections, never answers
         try:
             r = tune_task(
-                *_tune_args(extracted, task, host_target, b),
-                TuneConfig(trials_per_task=8, trials_per_batch=4),
-                FAST,
-                work,
+                TaskJob(
+                    *_tune_args(extracted, task, host_target, b),
+                    TuneConfig(trials_per_task=8, trials_per_batch=4),
+                    FAST,
+                    work,
+                )
             )
         finally:
             _kill(b.servers[0], signal.SIGCONT)
@@ -139,20 +143,24 @@ def test_the_only_board_frozen_mid_tuning_costs_one_timeout_then_every_task_stop
             t0 = time.monotonic()
             with pytest.raises(TuningAborted) as first:
                 tune_task(
-                    *_tune_args(extracted, tasks[0], host_target, b, 1),
-                    TuneConfig(trials_per_task=8, trials_per_batch=4),
-                    FAST,
-                    works[0],
+                    TaskJob(
+                        *_tune_args(extracted, tasks[0], host_target, b, 1),
+                        TuneConfig(trials_per_task=8, trials_per_batch=4),
+                        FAST,
+                        works[0],
+                    )
                 )
             first_s = time.monotonic() - t0
             t1 = time.monotonic()
             for task, work in zip(tasks, works):  # the retry, then the next task
                 with pytest.raises(TuningAborted) as later:
                     tune_task(
-                        *_tune_args(extracted, task, host_target, b, 1),
-                        TuneConfig(trials_per_task=8, trials_per_batch=4),
-                        FAST,
-                        work,
+                        TaskJob(
+                            *_tune_args(extracted, task, host_target, b, 1),
+                            TuneConfig(trials_per_task=8, trials_per_batch=4),
+                            FAST,
+                            work,
+                        )
                     )
                 assert "stopped answering" in str(later.value)
             later_s = time.monotonic() - t1
@@ -314,10 +322,12 @@ def test_tuning_waits_through_a_tracker_restart_and_no_candidate_is_failed_by_it
 
         def tune():
             out["result"] = tune_task(
-                *_tune_args(extracted, task, host_target, b, 1),
-                TuneConfig(trials_per_task=12, trials_per_batch=4),
-                FAST,
-                work,
+                TaskJob(
+                    *_tune_args(extracted, task, host_target, b, 1),
+                    TuneConfig(trials_per_task=12, trials_per_batch=4),
+                    FAST,
+                    work,
+                )
             )
 
         tuning = threading.Thread(target=tune)
@@ -384,10 +394,12 @@ def test_all_failing_measurements_stop_the_task_with_the_messages(micronet, host
     t0 = time.time()
     with pytest.raises(TuningAborted) as e:
         tune_task(
-            *_tune_args(extracted, task, host_target, board),
-            TuneConfig(trials_per_task=64, trials_per_batch=4, builder_timeout_s=0.001),
-            FAST,
-            work,
+            TaskJob(
+                *_tune_args(extracted, task, host_target, board),
+                TuneConfig(trials_per_task=64, trials_per_batch=4, builder_timeout_s=0.001),
+                FAST,
+                work,
+            )
         )
     assert "setup is broken" in str(e.value) and "Timeout" in str(e.value) and board.key in str(e.value)
     assert len(read_trials(work)) <= 8  # stopped after the first failures, not after 64 trials
@@ -408,14 +420,14 @@ def test_corrupted_record_lines_are_set_aside_and_valid_records_kept(micronet, h
     task = _conv(extracted)
     work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
     args = _tune_args(extracted, task, host_target, board)
-    tune_task(*args, TuneConfig(trials_per_task=4, trials_per_batch=4), FAST, work)
+    tune_task(TaskJob(*args, TuneConfig(trials_per_task=4, trials_per_batch=4), FAST, work))
     rec = work / "database_tuning_record.json"
     lines = rec.read_text().splitlines()
     rec.write_text("\n".join(lines[:2] + ['[0, [["garbage"', "not json at all"] + lines[2:]) + "\n")
     msgs = repair_database(work)
     assert len(msgs) == 1 and str(rec) in msgs[0] and "line 3, 4" in msgs[0] and "kept 4" in msgs[0]
     assert len((work / "database_tuning_record.json.corrupt").read_text().splitlines()) == 2
-    again = tune_task(*args, TuneConfig(trials_per_task=4, trials_per_batch=4), FAST, work)
+    again = tune_task(TaskJob(*args, TuneConfig(trials_per_task=4, trials_per_batch=4), FAST, work))
     assert again.valid == 4 and again.trials_this_run == 0
 
 
@@ -426,12 +438,12 @@ def test_a_trial_log_torn_at_its_last_line_is_repaired_before_the_rerun_appends(
     task = _conv(extracted)
     work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
     args = _tune_args(extracted, task, host_target, board)
-    tune_task(*args, TuneConfig(trials_per_task=4, trials_per_batch=4), FAST, work)
+    tune_task(TaskJob(*args, TuneConfig(trials_per_task=4, trials_per_batch=4), FAST, work))
     log = work / "trials.jsonl"
     whole = log.read_bytes()
     before = read_trials(work)
     log.write_bytes(whole[:-40])  # the last row loses its end and its newline
-    again = tune_task(*args, TuneConfig(trials_per_task=6, trials_per_batch=2), FAST, work)
+    again = tune_task(TaskJob(*args, TuneConfig(trials_per_task=6, trials_per_batch=2), FAST, work))
     lines = log.read_text().splitlines()
     after = [json.loads(line) for line in lines]  # every line parses
     assert after[:3] == before[:3] and again.trials_this_run >= 1
@@ -493,10 +505,12 @@ def test_a_board_whose_timer_reports_zero_is_refused_while_tuning_and_while_eval
             health_check(b.host, b.port, b.key, host_target.target_json)
         with pytest.raises(TuningAborted) as e:
             tune_task(
-                *_tune_args(extracted, task, host_target, b, 1),
-                TuneConfig(trials_per_task=16, trials_per_batch=4),
-                FAST,
-                work,
+                TaskJob(
+                    *_tune_args(extracted, task, host_target, b, 1),
+                    TuneConfig(trials_per_task=16, trials_per_batch=4),
+                    FAST,
+                    work,
+                )
             )
         assert "timer is broken" in str(e.value) and "'liar'" in str(e.value)
         rows = read_trials(work)

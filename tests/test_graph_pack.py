@@ -11,7 +11,7 @@ from vta_pipeline.passes import emulate
 from vta_pipeline.passes.graph import op_sequence
 from vta_pipeline.passes.graph_pack import PackError, PackParams, graph_pack
 from vta_pipeline.passes.quantize import QuantizeParams, quantize
-from vta_pipeline.vta_config import VTAConfig
+from vta_pipeline.vta.config import VTAConfig
 
 
 @pytest.fixture(scope="module")

@@ -155,16 +155,16 @@ def test_a_task_that_exhausted_an_older_space_searches_this_one(micronet, board,
     )
     monkeypatch.setattr(spaces, "design_space", lambda target, wl, failures=None: "post-order-apply")
     monkeypatch.setattr(spaces, "label", lambda target, wl: "metaschedule")
-    before = tuning.tune_task(*args)
+    before = tuning.tune_task(tuning.TaskJob(*args))
     assert (before.trials, before.stopped, read_state(work)["space"]) == (1, "search-exhausted", "metaschedule")
     monkeypatch.undo()
 
-    after = tuning.tune_task(*args)  # the same budget, a new space: searched, not "finished"
+    after = tuning.tune_task(tuning.TaskJob(*args))  # the same budget, a new space: searched, not "finished"
     assert read_state(work)["space"] == f"injective:{injective_space.VERSION}"
     assert after.stopped == "search-exhausted" and after.trials_this_run >= 3
     assert after.trials == 1 + after.trials_this_run
     assert after.best_latency_ms <= before.best_latency_ms
     bigger = list(args)
     bigger[6] = TuneConfig(trials_per_task=16, trials_per_batch=8)
-    again = tuning.tune_task(*bigger)  # exhausted this space: stays so, at any budget
+    again = tuning.tune_task(tuning.TaskJob(*bigger))  # exhausted this space: stays so, at any budget
     assert again.trials_this_run == 0 and again.stopped == "search-exhausted"

@@ -1,6 +1,6 @@
 """Benchmark results name the CPU and the instruction-set flags that decide a conv's kernels."""
 
-from vta_pipeline import machine
+from vta_pipeline.boards import machine
 
 
 def test_cpu_reads_the_model_and_the_isa_flags_that_matter(tmp_path):

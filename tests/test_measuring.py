@@ -16,7 +16,7 @@ from vta_pipeline.config import EvalConfig, MeasureConfig, TuneConfig
 from vta_pipeline.evaluate import MIN_REPEAT, evaluate_on_board, plan_timing
 from vta_pipeline.extract import load_tasks
 from vta_pipeline.search.trial_log import read_trials, task_work_dir
-from vta_pipeline.tune import tune_task
+from vta_pipeline.tune import TaskJob, tune_task
 
 
 def test_timing_plan_runs_a_fast_build_long_enough_and_a_slow_one_within_budget():
@@ -55,15 +55,17 @@ def _tuning_vs_quiet(extracted, task, host_target, measure, tmp_path, rounds: in
         threads = board_threads(b.host, b.port, b.key)  # as the flow reads it before tuning
         spec = BoardSpec(b.host, b.port, b.key, 1, threads)
         out = tune_task(
-            extracted.path / task.file,
-            task.name,
-            task.flops,
-            task.workload_hash,
-            host_target.target_json,
-            spec,
-            TuneConfig(trials_per_task=16, trials_per_batch=8),
-            measure,
-            work,
+            TaskJob(
+                extracted.path / task.file,
+                task.name,
+                task.flops,
+                task.workload_hash,
+                host_target.target_json,
+                spec,
+                TuneConfig(trials_per_task=16, trials_per_batch=8),
+                measure,
+                work,
+            )
         )
         assert out.threads == os.cpu_count() and {r["threads"] for r in read_trials(work)} == {os.cpu_count()}
         mod = tvm.ir.load_json((extracted.path / task.file).read_text())

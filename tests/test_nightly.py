@@ -38,13 +38,13 @@ def night_a(prefect_harness, board, tmp_path_factory):
     state = nightly.with_options(retries=1, retry_delay_seconds=0)(
         models=["builtin:micronet", f"onnx:{bad}"],
         targets=["host"],
-        trials_per_task=3,
-        trials_per_batch=3,
-        tracker=board.tracker,
-        key=board.key,
-        store=str(store),
         night="2026-11-20",
-        config=SMALL,
+        config={
+            **SMALL,
+            "tune": {**SMALL["tune"], "trials_per_task": 3, "trials_per_batch": 3},
+            "board": {"tracker": board.tracker, "key": board.key},
+            "store": str(store),
+        },
         return_state=True,
     )
     return state, ArtifactStore(store)

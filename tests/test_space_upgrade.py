@@ -27,7 +27,7 @@ from vta_pipeline.spaces import label as space_label
 from vta_pipeline.spaces import packed_conv as packed_conv_space
 from vta_pipeline.spaces import upgrade as space_upgrade
 from vta_pipeline.tir import intrin_registry
-from vta_pipeline.tune import LIBRARY_SEEDS, library_candidates, tune_task
+from vta_pipeline.tune import LIBRARY_SEEDS, TaskJob, library_candidates, tune_task
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "packed_conv_v1_records.json"
 HERE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}
@@ -224,15 +224,17 @@ def test_a_task_tuned_in_version_1_searches_again_from_its_carried_records(v1, b
     _searched_in_v1(work, workload, records, "packed-conv:float")
     spec = BoardSpec(board.host, board.port, board.key, 2)
     out = tune_task(
-        task_file,
-        "conv",
-        1e6,
-        "h",
-        host_target.target_json,
-        spec,
-        TuneConfig(trials_per_task=3, trials_per_batch=3, retime_top=0),
-        MeasureConfig(number=2, repeat=1),
-        work,
+        TaskJob(
+            task_file,
+            "conv",
+            1e6,
+            "h",
+            host_target.target_json,
+            spec,
+            TuneConfig(trials_per_task=3, trials_per_batch=3, retime_top=0),
+            MeasureConfig(number=2, repeat=1),
+            work,
+        )
     )
     trials = read_trials(work)
     assert len(trials) == 3 and out.trials == 3

@@ -9,7 +9,7 @@ from vta_pipeline.boards import BoardSpec
 from vta_pipeline.config import MeasureConfig, TuneConfig
 from vta_pipeline.extract import load_tasks
 from vta_pipeline.search.trial_log import read_state, read_trials, task_work_dir
-from vta_pipeline.tune import tune_task
+from vta_pipeline.tune import TaskJob, tune_task
 
 MEASURE = MeasureConfig(number=2, repeat=1, timeout_s=60)
 
@@ -35,7 +35,7 @@ def test_trials_are_measured_and_resume_continues_without_repeats(micronet, boar
         _spec(board),
     )
 
-    first = tune_task(*args, TuneConfig(trials_per_task=4, trials_per_batch=4), MEASURE, work)
+    first = tune_task(TaskJob(*args, TuneConfig(trials_per_task=4, trials_per_batch=4), MEASURE, work))
     # Really measured on the board: latencies, not the old "0.00 GFLOPS" of failed builds.
     assert first.trials == 4 and first.valid == 4 and first.errors == 0
     assert first.best_latency_ms > 0 and first.best_gflops > 0
@@ -43,7 +43,7 @@ def test_trials_are_measured_and_resume_continues_without_repeats(micronet, boar
     assert first.default_ms > 0 and (work / "default.json").exists()
 
     # The budget goes up (as after an interrupted run): only the difference is tuned.
-    second = tune_task(*args, TuneConfig(trials_per_task=8, trials_per_batch=4), MEASURE, work)
+    second = tune_task(TaskJob(*args, TuneConfig(trials_per_task=8, trials_per_batch=4), MEASURE, work))
     assert second.trials == 8 and second.trials_this_run == 4
     rows = read_trials(work)
     assert [r["trial"] for r in rows] == list(range(8))
@@ -51,7 +51,7 @@ def test_trials_are_measured_and_resume_continues_without_repeats(micronet, boar
     assert second.best_latency_ms <= first.best_latency_ms
 
     # Finished at this budget: calling again measures nothing.
-    third = tune_task(*args, TuneConfig(trials_per_task=8, trials_per_batch=4), MEASURE, work)
+    third = tune_task(TaskJob(*args, TuneConfig(trials_per_task=8, trials_per_batch=4), MEASURE, work))
     assert third.trials_this_run == 0 and len(read_trials(work)) == 8
     assert third.default_ms == first.default_ms
     assert read_state(work)["status"] == "finished"
@@ -65,15 +65,17 @@ def test_early_stopping_ends_a_task_before_its_budget(micronet, board, host_targ
     task = _conv(extracted, 1)
     work = task_work_dir(tmp_path, host_target.id, task.workload_hash)
     out = tune_task(
-        extracted.path / task.file,
-        task.name,
-        task.flops,
-        task.workload_hash,
-        host_target.target_json,
-        _spec(board),
-        TuneConfig(trials_per_task=64, trials_per_batch=2, early_stopping=1, search="replay-trace"),
-        MEASURE,
-        work,
+        TaskJob(
+            extracted.path / task.file,
+            task.name,
+            task.flops,
+            task.workload_hash,
+            host_target.target_json,
+            _spec(board),
+            TuneConfig(trials_per_task=64, trials_per_batch=2, early_stopping=1, search="replay-trace"),
+            MEASURE,
+            work,
+        )
     )
     assert out.stopped == "early-stopping" and out.trials < 64
 
@@ -173,15 +175,17 @@ def test_the_best_records_are_retimed_in_turn_and_pick_best_builds_with_the_fast
     work = steps.tune_work_dir(session_store, task, host_target, board.key, cfg.session)
     before = (work / retime.RETIMED).read_text()
     again = tune_task(
-        extracted.path / task.file,
-        task.name,
-        task.flops,
-        task.workload_hash,
-        host_target.target_json,
-        _spec(board),
-        cfg,
-        MEASURE,
-        work,
+        TaskJob(
+            extracted.path / task.file,
+            task.name,
+            task.flops,
+            task.workload_hash,
+            host_target.target_json,
+            _spec(board),
+            cfg,
+            MEASURE,
+            work,
+        )
     )
     assert again.trials_this_run == 0 and (work / retime.RETIMED).read_text() == before
 
@@ -199,15 +203,17 @@ def test_the_best_records_are_retimed_in_turn_and_pick_best_builds_with_the_fast
     assert retime.retime_measure(MEASURE, "warm") == MEASURE
     auto_cfg = cfg.model_copy(update={"retime_caches": "auto"})
     tune_task(
-        extracted.path / task.file,
-        task.name,
-        task.flops,
-        task.workload_hash,
-        host_target.target_json,
-        _spec(board),
-        auto_cfg,
-        MEASURE,
-        work,
+        TaskJob(
+            extracted.path / task.file,
+            task.name,
+            task.flops,
+            task.workload_hash,
+            host_target.target_json,
+            _spec(board),
+            auto_cfg,
+            MEASURE,
+            work,
+        )
     )
     flushed = json.loads((work / retime.RETIMED).read_text())
     assert flushed["caches"] == "flushed" and all(len(c["retimed_ms"]) == 2 for c in flushed["candidates"])
@@ -225,11 +231,7 @@ def test_the_best_records_are_retimed_in_turn_and_pick_best_builds_with_the_fast
             tvm.target.Target(host_target.target_json),
             _spec(board),
             MEASURE,
-            3,
-            2,
-            1.0 + 1e-9,
-            120.0,
-            caches="flushed",
+            TuneConfig(retime_top=3, retime_rounds=2, retime_within=1.0 + 1e-9, retime_caches="flushed"),
         )
         is None
     )

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from vta_pipeline.vta import conv
+from vta_pipeline.vta.config import VTAConfig
 from vta_pipeline.vta.conv import ConvWorkload, Epilogue, KnobError, Knobs
 from vta_pipeline.vta.simulator import CycleModel, Dram, Simulator
-from vta_pipeline.vta_config import VTAConfig
 
 CFG = VTAConfig()
 # The recipe's resnet18 conv workloads (the packed region: the stem stays on the CPU)
@@ -119,3 +119,26 @@ def test_the_cycle_model_answers_to_work_and_to_virtual_threads():
     two = simulate(wl, Knobs(1, 7, 14, 1, 1, 1, 2))[1]  # the same tile work, two threads over channels
     assert two.cycles < one.cycles
     assert conv.describe(two, wl, CFG, CycleModel())["of_peak"] < 1
+
+
+def test_the_compiler_emits_in_program_order_so_in_order_dispatch_never_overflows_a_queue():
+    """VTA's fetch dispatches in program order into 512-entry command queues. The untuned 1x1
+    conv (one output pixel per tile) has thousands of loads: emitted all before the compute
+    that frees their buffers, as the compiler once did, they fill the load queue and the
+    compute instructions are never fetched; in program order the same instructions run, with
+    the same cycles as VTA's functional simulator gives them."""
+    from vta_pipeline.vta.isa import Core, core_of
+    from vta_pipeline.vta.simulator import STRICT, DeadlockError
+
+    wl = RESNET18[2]  # 56x56, 64 -> 128, 1x1 stride 2
+    plain = Epilogue(bias=True, round_add=1 << 8, shift=9, clip_min=0, clip_max=127)
+    dram = Dram()
+    prog = conv.compile_conv(wl, conv.default_knobs(wl, CFG, plain), plain, CFG, dram)
+    loads = [i for i in prog.instructions if core_of(i) == Core.LOAD]
+    assert len(loads) > STRICT.cmd_queue_depth
+    strict = Simulator(CFG, functional=False, rules=STRICT).run(prog.instructions, dram)
+    assert strict.cycles == Simulator(CFG, functional=False).run(prog.instructions, dram).cycles
+    by_module = [[i for i in prog.instructions[:-1] if core_of(i) == c] for c in (Core.LOAD, Core.COMPUTE, Core.STORE)]
+    split = [*by_module[0], *by_module[1], *by_module[2], prog.instructions[-1]]
+    with pytest.raises(DeadlockError, match="waits for room in the load command queue"):
+        Simulator(CFG, functional=False, rules=STRICT).run(split, dram)

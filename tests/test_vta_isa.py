@@ -10,8 +10,8 @@ import pytest
 
 from vta_pipeline.errors import ConfigError
 from vta_pipeline.vta import isa
+from vta_pipeline.vta.config import VTAConfig
 from vta_pipeline.vta.isa import AluInsn, AluOp, Deps, FinishInsn, GemmInsn, Layout, Mem, MemInsn, Opcode
-from vta_pipeline.vta_config import VTAConfig
 
 PYNQ = Layout.of(VTAConfig())
 

@@ -16,10 +16,10 @@ from vta_pipeline.passes.pipeline import lower_for_tuning
 from vta_pipeline.passes.vta_offload import offload_convs
 from vta_pipeline.store.artifacts import ArtifactStore
 from vta_pipeline.vta import runtime
+from vta_pipeline.vta.config import VTAConfig
 from vta_pipeline.vta.conv import ConvWorkload, Epilogue, Knobs, knob_space
 from vta_pipeline.vta.network import time_on_board
 from vta_pipeline.vta.tuner import local_measure
-from vta_pipeline.vta_config import VTAConfig
 
 CFG = VTAConfig()
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from vta_pipeline.vta import isa
+from vta_pipeline.vta.config import VTAConfig
 from vta_pipeline.vta.isa import AluInsn, AluOp, Deps, FinishInsn, GemmInsn, Mem, MemInsn, Opcode
-from vta_pipeline.vta.simulator import DeadlockError, Dram, Simulator, StreamError
-from vta_pipeline.vta_config import VTAConfig
+from vta_pipeline.vta.simulator import STRICT, DeadlockError, Dram, HardwareRuleError, Simulator, StreamError
 
 CFG = VTAConfig()  # BATCH 1, BLOCK 16
 LAYOUT = isa.Layout.of(CFG)
@@ -194,6 +194,115 @@ def test_streams_must_end_in_a_finish_that_runs_last_with_no_tokens_left():
 def test_a_flag_the_module_does_not_have_is_refused():
     with pytest.raises(StreamError, match=r"instruction 0 \(LOAD INP\) sets pop_prev, which the load module does not"):
         Simulator(CFG).run([load(Mem.INP, 0, 0, 16, 1, 1, deps=Deps(pop_prev=True)), FinishInsn()], Dram())
+
+
+# ---- the hardware's rules (strict mode) ----------------------------------------------------------------
+def test_a_legal_stream_runs_the_same_under_the_hardwares_rules():
+    dram = Dram()
+    stream, out, a, w = matmul_stream(dram, 4)
+    fsim = Simulator(CFG).run(_sync_store(stream), dram)
+    first = dram.get(out, np.int8, (4, 16))
+    strict = Simulator(CFG, rules=STRICT).run(_sync_store(stream), dram)
+    assert np.array_equal(dram.get(out, np.int8, (4, 16)), first) and strict.cycles == fsim.cycles
+
+
+def _run_ahead_stream(n: int) -> list:
+    """n input loads, each waiting for a token that a compute NOP after all of them pushes."""
+    loads = [load(Mem.INP, 0, 0, 16, 1, 1, deps=Deps(pop_next=True)) for _ in range(n)]
+    loads[-1] = _with(loads[-1], push_next=True)
+    nops = [MemInsn(Opcode.LOAD, Mem.UOP, 0, 0, 0, 0, 0, deps=Deps(push_prev=True)) for _ in range(n)]
+    return [*loads, *nops, FinishInsn(deps=Deps(pop_prev=True))]
+
+
+def test_a_stream_needing_more_run_ahead_than_a_command_queue_holds_deadlocks_in_order_dispatch():
+    """VTA's fetch module dispatches in program order into 512-entry command queues: 600 loads
+    that wait on compute instructions placed after them fill the load queue, and the compute
+    instructions are never fetched. fsim, which splits the stream up front, runs it."""
+    Simulator(CFG).run(_run_ahead_stream(600), Dram())
+    Simulator(CFG, rules=STRICT).run(_run_ahead_stream(500), Dram())  # fits the queue
+    with pytest.raises(
+        DeadlockError,
+        match=r"fetch module at instruction 512 \(LOAD INP\) waits for room in the load command queue, full with 512",
+    ):
+        Simulator(CFG, rules=STRICT).run(_run_ahead_stream(600), Dram())
+
+
+def test_an_acc_8bit_load_runs_on_fsim_only():
+    dram = Dram()
+    addr = dram.put(np.arange(16, dtype=np.int8))
+    stream = [load(Mem.ACC_8BIT, 0, addr, 16, 1, 1), FinishInsn()]
+    Simulator(CFG).run(stream, dram)
+    with pytest.raises(
+        HardwareRuleError, match=r"instruction 0 \(LOAD ACC_8BIT\): the hardware designs have no ACC_8BIT load"
+    ):
+        Simulator(CFG, rules=STRICT).run(stream, dram)
+
+
+@pytest.mark.parametrize("dsts, iters, apart", [([0], 3, 1), ([0, 1], 2, 2), ([0, 1, 2], 2, None)])
+def test_a_gemm_writing_an_accumulator_one_of_the_two_micro_ops_before_wrote_is_refused(dsts, iters, apart):
+    """The pipelined GEMM does not wait for its own write-back (VTA's runtime: VerifyDep)."""
+    dram = Dram()
+    rng = np.random.default_rng(1)
+    ia = dram.put(rng.integers(-128, 128, (8, 1, 16), dtype=np.int8))
+    wa = dram.put(rng.integers(-128, 128, (1, 16, 16), dtype=np.int8))
+    n = len(dsts)
+    ua, nu = uops(dram, dsts, list(range(n)), [0] * n)
+    stream = [
+        load(Mem.INP, 0, ia, 16, 1, 8),
+        load(Mem.WGT, 0, wa, 256, 1, 1, deps=PUSH_L2G),
+        load(Mem.UOP, 0, ua, 4, 1, nu, deps=POP_L2G),
+        GemmInsn(0, nu, 1, 1, reset=True),
+        GemmInsn(0, nu, iters, 1, src_factor_out=n),
+        store(0, dram.alloc(16 * n), 1, n),
+        FinishInsn(),
+    ]
+    Simulator(CFG).run(_sync_store(stream), dram)
+    if apart is None:
+        Simulator(CFG, rules=STRICT).run(_sync_store(stream), dram)
+        return
+    with pytest.raises(
+        HardwareRuleError,
+        match=rf"instruction 4 \(GEMM\): micro-op iteration {n} writes acc entry 0, which iteration 0 wrote {apart} micro-op",
+    ):
+        Simulator(CFG, rules=STRICT).run(_sync_store(stream), dram)
+
+
+def test_a_shift_immediate_outside_the_hardwares_range_is_refused():
+    dram = Dram()
+    for imm, ok in ((15, True), (-16, True), (16, False), (-17, False)):
+        shr = AluInsn(AluOp.SHR, 0, 1, 4, 1, dst_factor_out=1, src_factor_out=1, use_imm=True, imm=imm)
+        stream, _, _, _ = matmul_stream(dram, 4, [shr])
+        if ok:
+            Simulator(CFG, rules=STRICT).run(_sync_store(stream), dram)
+        else:
+            with pytest.raises(HardwareRuleError, match=rf"shift immediate {imm} outside the hardware's \[-16, 15\]"):
+                Simulator(CFG, rules=STRICT).run(_sync_store(stream), dram)
+
+
+def test_micro_ops_past_the_chisel_designs_memory_are_refused():
+    dram = Dram()
+    ua, _ = uops(dram, [0], [0], [0])
+    stream = [load(Mem.UOP, 2048, ua, 4, 1, 1), AluInsn(AluOp.ADD, 2048, 2049, 1, 1, use_imm=True, imm=1), FinishInsn()]
+    with pytest.raises(HardwareRuleError, match=r"micro-ops \[2048, 2049\) past the 2048"):
+        Simulator(CFG, rules=STRICT).run(stream, dram)
+
+
+def test_an_alu_reading_an_accumulator_nothing_wrote_is_refused_in_both_modes():
+    """The second operand of an ALU instruction is checked too (it used to pass unchecked, and one
+    past the buffer raised a bare IndexError the knob tuner did not catch)."""
+    dram = Dram()
+    ua, nu = uops(dram, [0], [8], [0])  # its source: acc 8.., which nothing wrote
+
+    def with_add(src_factor_out: int) -> list:
+        stream, _, _, _ = matmul_stream(dram, 4)
+        add = AluInsn(AluOp.ADD, 1, 2, 4, 1, dst_factor_out=1, src_factor_out=src_factor_out)
+        return _sync_store([*stream[:-2], load(Mem.UOP, 1, ua, 4, 1, nu), add, *stream[-2:]])
+
+    for rules in (None, STRICT):
+        with pytest.raises(StreamError, match=r"\(ALU ADD\) reads acc entry 8 before anything was loaded or computed"):
+            Simulator(CFG, rules=rules).run(with_add(1), dram)
+    with pytest.raises(StreamError, match=r"\(ALU ADD\) reads acc entry 3008, past the buffer's 2048"):
+        Simulator(CFG).run(with_add(1000), dram)
 
 
 # ---- the cycle model -------------------------------------------------------------------------------

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from vta_pipeline.search import trial_log
+from vta_pipeline.vta.config import VTAConfig
 from vta_pipeline.vta.conv import ConvWorkload, Epilogue, Knobs, knob_space
 from vta_pipeline.vta.tuner import KnobTuner, Measurement, local_measure
-from vta_pipeline.vta_config import VTAConfig
 
 CFG = VTAConfig()
 WL = ConvWorkload(1, 14, 14, 64, 64, 3, 3, 1, 1, 1, 1)

@@ -13,7 +13,7 @@ from vta_pipeline.config import MeasureConfig, ModelConfig, PackConfig, Pipeline
 from vta_pipeline.extract import load_tasks
 from vta_pipeline.search.trial_log import read_trials
 from vta_pipeline.store import history, workload_keys
-from vta_pipeline.tune import tune_task
+from vta_pipeline.tune import TaskJob, tune_task
 
 MEASURE = MeasureConfig(number=2, repeat=1, timeout_s=60)
 
@@ -54,15 +54,17 @@ def legacy_store(micronet, board, host_target, tmp_path_factory):
     scope = root / "work" / "tune" / f"{host_target.id}-{board.key}"
     old_a, old_b = "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"
     out = tune_task(
-        extracted.path / task.file,
-        task.name,
-        task.flops,
-        old_a,
-        host_target.target_json,
-        BoardSpec(board.host, board.port, board.key, 2),
-        TuneConfig(trials_per_task=4, trials_per_batch=4),
-        MEASURE,
-        scope / old_a,
+        TaskJob(
+            extracted.path / task.file,
+            task.name,
+            task.flops,
+            old_a,
+            host_target.target_json,
+            BoardSpec(board.host, board.port, board.key, 2),
+            TuneConfig(trials_per_task=4, trials_per_batch=4),
+            MEASURE,
+            scope / old_a,
+        )
     )
     shutil.copytree(scope / old_a, scope / old_b)
     run = {
@@ -109,15 +111,17 @@ def test_the_migrated_dir_resumes_and_the_history_finds_what_the_old_key_recorde
     task, root, scope, run, _, _ = legacy_store
     _, extracted = micronet
     out = tune_task(
-        extracted.path / task.file,
-        task.name,
-        task.flops,
-        task.workload_hash,
-        host_target.target_json,
-        BoardSpec(board.host, board.port, board.key, 2),
-        TuneConfig(trials_per_task=8, trials_per_batch=4),
-        MEASURE,
-        scope / task.workload_hash,
+        TaskJob(
+            extracted.path / task.file,
+            task.name,
+            task.flops,
+            task.workload_hash,
+            host_target.target_json,
+            BoardSpec(board.host, board.port, board.key, 2),
+            TuneConfig(trials_per_task=8, trials_per_batch=4),
+            MEASURE,
+            scope / task.workload_hash,
+        )
     )
     assert out.trials_this_run == 0 and out.trials == 8  # nothing measured again
     seeds, best, _ = history.best_records(root, task.workload_hash, host_target.id, board.key, k=8)

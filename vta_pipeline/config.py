@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
-from .vta_config import VTAConfig
+from .vta.config import VTAConfig
 
 BOARD_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
 

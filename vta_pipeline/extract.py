@@ -220,8 +220,8 @@ def extract_tasks(
 def _offload_vta(mod: Any, vta: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     from .passes.vta_offload import offload_convs
     from .vta import tasks as vta_tasks
+    from .vta.config import VTAConfig
     from .vta.conv import default_knobs
-    from .vta_config import VTAConfig
 
     cfg = VTAConfig(**vta)
     mod, report = offload_convs(mod, cfg, lambda wl, epi: default_knobs(wl, cfg, epi))

@@ -15,7 +15,7 @@ from typing import Any
 
 from .config import PackConfig
 from .errors import UserError
-from .vta_config import VTAConfig
+from .vta.config import VTAConfig
 
 STEP = "pack"
 VERSION = 3  # 2: the start operator's elementwise tail stays unpacked (fused with it); 3: a global mean at

@@ -43,7 +43,7 @@ from .store import history, workload_keys
 from .store.artifacts import Artifact, ArtifactStore
 from .store.hashing import sha256_file, sha256_json
 from .targets import ResolvedTarget
-from .vta_config import VTAConfig
+from .vta.config import VTAConfig
 
 if TYPE_CHECKING:
     from .report import RunResult
@@ -337,7 +337,13 @@ def tune_step(
             if tune.warm_start and not seeds
             else None
         )
-        outcome = tune_mod.tune_task(
+        warm = tune_mod.WarmStart(
+            seeds=tuple(seeds) if tune.warm_start else (),
+            seed_hashes=tuple(seed_hashes) if tune.warm_start else (),
+            previous_best_ms=previous_best,
+            library=library,
+        )
+        job = tune_mod.TaskJob(
             extracted.path / task.file,
             task.name,
             task.flops,
@@ -347,13 +353,10 @@ def tune_step(
             tune,
             measure,
             work,
-            progress,
-            seeds=seeds if tune.warm_start else None,
-            previous_best_ms=previous_best,
-            seed_hashes=seed_hashes if tune.warm_start else None,
             cross_compiler=target.cross_compiler,
-            library=library,
+            progress=progress,
         )
+        outcome = tune_mod.tune_task(job, warm)
         names = [WorkDir.WORKLOADS, WorkDir.RECORDS, WorkDir.TRIALS]
         if outcome.retimed:  # pick best builds with its winner
             names.append(retime.RETIMED)

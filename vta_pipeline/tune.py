@@ -63,6 +63,8 @@ __all__ = [
     "TuneOutcome",
     "TuningAborted",
     "tune_task",
+    "TaskJob",
+    "WarmStart",
     "measure_default",
     "population_size",
     "genetic_iters",
@@ -105,62 +107,75 @@ class TuningAborted(BoardError):
     """A task whose measurements all fail: the board setup is broken."""
 
 
-def tune_task(
-    task_file: Path,
-    task_name: str,
-    flops: float,
-    workload_hash: str,
-    target_spec: dict[str, Any],
-    board: BoardSpec,
-    tune: TuneConfig,
-    measure: MeasureConfig,
-    work_dir: Path,
-    progress: Callable[[dict[str, Any]], None] | None = None,
-    seeds: list[Any] | None = None,
-    previous_best_ms: float | None = None,
-    cross_compiler: str | None = None,
-    seed_hashes: list[str] | None = None,
-    library: tuple[list[Any], dict[str, Any]] | None = None,
-) -> TuneOutcome:
-    """Tune one task until it has `tune.trials_per_task` valid measurements (or stops early).
+@dataclass(frozen=True)
+class TaskJob:
+    """One task to tune: what (its TIR module's file, name, FLOPs, workload hash), where (the
+    target, the boards, the cross compiler that links each candidate for them), how (the
+    tuning and measuring settings) and into which work dir; `progress` hears of every batch."""
 
-    Safe to call again after a kill: it continues from the records in `work_dir`. Failed
-    measurements (a board that died or hung) are logged as errors and do not count toward
-    the budget; a run of `fail_fast` failures in a row raises TuningAborted (a BoardError,
-    which the flow retries) with the boards' own messages, after keeping every record.
+    task_file: Path
+    name: str
+    flops: float
+    workload_hash: str
+    target_spec: dict[str, Any]
+    board: BoardSpec
+    tune: TuneConfig
+    measure: MeasureConfig
+    work_dir: Path
+    cross_compiler: str | None = None
+    progress: Callable[[dict[str, Any]], None] | None = None
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """Where a fresh work dir's search starts; nothing given, it starts cold.
 
     `seeds`: TuningRecord JSON of the workload's best records from earlier sessions, committed
-    to a fresh work dir before its first search (warm start). `previous_best_ms`: the best
-    latency of earlier sessions, to report how many trials this session needed to reach it.
-    `seed_hashes`: the schedule hashes the seeds were measured under (never measured again).
-    `library`: (records, provenance) from the records library, for a workload the store has
-    no records of: a fresh work dir keeps them, and its search measures them on this board
-    before its own candidates (their latencies elsewhere are provenance, never trusted).
-    `cross_compiler`: links each candidate into a shared library for the board (ARM boards
-    need no compiler of their own then).
-    """
+    to the database before its first search; `seed_hashes`: the schedule hashes they were
+    measured under (never measured again); `previous_best_ms`: their best latency, to report
+    how many trials this session needed to reach it. `library`: (records, provenance) from the
+    records library, for a workload the store has no records of: the work dir keeps them, and
+    its search measures them on this board before its own candidates (their latencies
+    elsewhere are provenance, never trusted)."""
+
+    seeds: tuple[Any, ...] = ()
+    seed_hashes: tuple[str, ...] = ()
+    previous_best_ms: float | None = None
+    library: tuple[list[Any], dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class _Task:
+    """A job with its TIR module and target loaded, and the label of the space it searches."""
+
+    job: TaskJob
+    mod: Any
+    target: Any
+    space: str
+
+    @property
+    def name(self) -> str:
+        return self.job.name
+
+    @property
+    def work_dir(self) -> Path:
+        return self.job.work_dir
+
+
+def tune_task(job: TaskJob, warm: WarmStart = WarmStart()) -> TuneOutcome:
+    """Tune one task until it has `job.tune.trials_per_task` valid measurements (or stops early).
+
+    Safe to call again after a kill: it continues from the records in the job's work dir.
+    Failed measurements (a board that died or hung) are logged as errors and do not count
+    toward the budget; a run of `fail_fast` failures in a row raises TuningAborted (a
+    BoardError, which the flow retries) with the boards' own messages, after keeping every
+    record. `warm` seeds a fresh work dir (see WarmStart)."""
     from filelock import FileLock
 
-    work_dir = Path(work_dir)
-    work_dir.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(work_dir / "lock")):  # two runs never tune the same records at once
-        return _tune_locked(
-            task_file,
-            task_name,
-            flops,
-            workload_hash,
-            target_spec,
-            board,
-            tune,
-            measure,
-            work_dir,
-            progress,
-            seeds or [],
-            previous_best_ms,
-            cross_compiler,
-            seed_hashes or [],
-            library,
-        )
+    job = replace(job, work_dir=Path(job.work_dir))
+    job.work_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(job.work_dir / "lock")):  # two runs never tune the same records at once
+        return _tune_locked(job, warm)
 
 
 def population_size(round_size: int) -> int:
@@ -190,31 +205,16 @@ LIBRARY_SEEDS = WorkDir.LIBRARY_SEEDS  # a work dir's records-library seeds, mea
 MAX_ROUNDS = 4  # rounds to make up for failed measurements before giving up on the budget
 
 
-def _tune_locked(
-    task_file,
-    task_name,
-    flops,
-    workload_hash,
-    target_spec,
-    board,
-    tune,
-    measure,
-    work_dir,
-    progress,
-    seeds,
-    previous_best_ms,
-    cross_compiler,
-    seed_hashes,
-    library,
-) -> TuneOutcome:
+def _tune_locked(job: TaskJob, warm: WarmStart) -> TuneOutcome:
     """tune_task's body, under the work dir's lock: repair, warm start, search, default, outcome."""
     import tvm
 
+    work_dir, task_name = job.work_dir, job.name
     for msg in repair_database(work_dir):
         log.warning("task %s: %s", task_name, msg)
     open_database(work_dir)  # its files exist from here on, searched or not
-    target = tvm.target.Target(target_spec)
-    workload_mod = tvm.ir.load_json(Path(task_file).read_text())
+    target = tvm.target.Target(job.target_spec)
+    workload_mod = tvm.ir.load_json(Path(job.task_file).read_text())
     space = spaces.label(target, workload_mod)
     old_space = _searched_in(work_dir, workload_mod, target, space)
     if space_upgrade.upgrades(old_space, space):
@@ -231,37 +231,25 @@ def _tune_locked(
             note["records"],
             note["upgraded"],
         )
+    task = _Task(job, workload_mod, target, space)
     trials_before = len(read_trials(work_dir))
-    if seeds and _fresh(work_dir):
-        _warm_start(work_dir, task_name, workload_mod, target, seeds, previous_best_ms, seed_hashes)
-    elif library and library[0] and _fresh(work_dir):
-        _stage_library(work_dir, task_name, workload_mod, target, library)
-    stopped = _search(work_dir, task_name, workload_mod, target, board, tune, measure, progress, cross_compiler, space)
-    threads = _measure_after_search(work_dir, task_name, workload_mod, target, board, measure, tune, cross_compiler)
-    lats, session_best, _ = history(work_dir)
+    if warm.seeds and _fresh(work_dir):
+        _warm_start(task, warm)
+    elif warm.library and warm.library[0] and _fresh(work_dir):
+        _stage_library(task, warm.library)
+    stopped = _search(task)
+    threads = _measure_after_search(task)
+    lats, _, _ = history(work_dir)
     write_state(
         work_dir,
         status=Status.FINISHED,
         task=task_name,
-        budget=tune.trials_per_task,
+        budget=job.tune.trials_per_task,
         done=len(lats),
         stopped=stopped,
         space=space,
     )
-    return _outcome(
-        work_dir,
-        task_name,
-        workload_hash,
-        flops,
-        stopped,
-        lats,
-        session_best,
-        trials_before,
-        tune.session,
-        previous_best_ms,
-        threads,
-        retimed=tune.retime_top > 1,
-    )
+    return _outcome(job, stopped, trials_before, warm.previous_best_ms, threads)
 
 
 def _searched_in(work_dir: Path, workload_mod, target, space: str) -> str | None:
@@ -287,20 +275,13 @@ def _fresh(work_dir: Path) -> bool:
     return not read_state(work_dir) and not (work_dir / WorkDir.WARM_START).exists()
 
 
-def _warm_start(
-    work_dir: Path,
-    task_name: str,
-    workload_mod,
-    target,
-    seeds: list[Any],
-    previous_best_ms: float | None,
-    seed_hashes: list[str],
-) -> None:
+def _warm_start(task: _Task, warm: WarmStart) -> None:
     """Seed a fresh work dir with earlier sessions' records (see `search.database.seed_database`);
     those tuned in an older version of the task's space are carried into the current one and
     measured first instead (`spaces.upgrade`: their latencies were of another loop nest)."""
-    current, upgraded = _carried(seeds, workload_mod, target)
-    seeded = seed_database(open_database(work_dir), workload_mod, current)
+    work_dir, task_name, previous_best_ms = task.work_dir, task.name, warm.previous_best_ms
+    current, upgraded = _carried(list(warm.seeds), task.mod, task.target)
+    seeded = seed_database(open_database(work_dir), task.mod, current)
     if upgraded:
         atomic_write_text(
             work_dir / LIBRARY_SEEDS,
@@ -317,7 +298,7 @@ def _warm_start(
             {
                 "seeded": seeded,
                 "previous_best_ms": previous_best_ms,
-                "schedule_hashes": list(seed_hashes),
+                "schedule_hashes": list(warm.seed_hashes),
                 "upgraded": len(upgraded),
             }
         ),
@@ -339,15 +320,14 @@ def _carried(records: list[Any], workload_mod, target) -> tuple[list[Any], list[
     return space_upgrade.upgrade_records(records, workload_mod, target, spaces.design_space(target, workload_mod))
 
 
-def _stage_library(
-    work_dir: Path, task_name: str, workload_mod, target, library: tuple[list[Any], dict[str, Any]]
-) -> None:
+def _stage_library(task: _Task, library: tuple[list[Any], dict[str, Any]]) -> None:
     """Keep the library's records in a fresh work dir (`library_seeds.json`): every search
     round of this work dir measures those not measured yet first, so a kill before they
     were measured loses nothing. Records exported from an older version of the task's space
     are carried into the current one (`spaces.upgrade`)."""
+    work_dir, task_name = task.work_dir, task.name
     records, note = library
-    current, upgraded = _carried(records, workload_mod, target)
+    current, upgraded = _carried(records, task.mod, task.target)
     records = current + upgraded
     atomic_write_text(work_dir / LIBRARY_SEEDS, json.dumps({"records": records, "provenance": note}))
     atomic_write_text(
@@ -384,18 +364,7 @@ def library_candidates(work_dir: Path, workload_mod) -> list:
     return out
 
 
-def _search(
-    work_dir: Path,
-    task_name: str,
-    workload_mod,
-    target,
-    board: BoardSpec,
-    tune: TuneConfig,
-    measure: MeasureConfig,
-    progress,
-    cross_compiler: str | None,
-    space: str,
-) -> str:
+def _search(task: _Task) -> str:
     """Search until the task has its budget of valid trials; returns why it stopped.
 
     Resume accounting comes from the trial log: a task finished at this budget (or a larger
@@ -405,6 +374,8 @@ def _search(
     was another design space than `space` (`space_label`): a new space has candidates the
     old one had not. A round whose measurements failed is made up
     by the next one, at most MAX_ROUNDS in all."""
+    work_dir, task_name, space = task.work_dir, task.name, task.space
+    board, tune = task.job.board, task.job.tune
     state = read_state(work_dir)
     finished = state.get("status") == Status.FINISHED
     stopped = state.get("stopped", Stopped.BUDGET) if finished else Stopped.BUDGET
@@ -443,15 +414,8 @@ def _search(
             "task %s: %d of %d valid trials done, tuning %d more", task_name, valid, tune.trials_per_task, remaining
         )
         guard = _search_round(
-            work_dir,
-            task_name,
-            workload_mod,
-            target,
+            task,
             replace(board, num_boards=min(board.num_boards, n_boards)),
-            tune,
-            measure,
-            progress,
-            cross_compiler,
             failures,
             done=len(lats),
             remaining=remaining,
@@ -490,15 +454,8 @@ def _boards_up(board: BoardSpec, task_name: str, valid: int, budget: int) -> int
 
 
 def _search_round(
-    work_dir: Path,
-    task_name: str,
-    workload_mod,
-    target,
+    task: _Task,
     board: BoardSpec,
-    tune: TuneConfig,
-    measure: MeasureConfig,
-    progress,
-    cross_compiler: str | None,
     failures: int8_dot.TensorizeFailures,
     *,
     done: int,
@@ -506,9 +463,12 @@ def _search_round(
     best0: float,
     since0: int,
 ):
-    """One MetaSchedule `tune_tasks` call over this task for the remaining budget; returns its guard."""
+    """One MetaSchedule `tune_tasks` call over this task for the remaining budget, measured on
+    `board` (the job's, as many of its boards as are up); returns its guard."""
     from tvm.s_tir import meta_schedule as ms
 
+    work_dir, task_name, workload_mod, target = task.work_dir, task.name, task.mod, task.target
+    tune, job = task.job.tune, task.job
     db = open_database(work_dir)
     round_size = min(tune.trials_per_batch, remaining)  # a last round of 2 is not sized for 8
     inner = (
@@ -543,7 +503,7 @@ def _search_round(
         make_log_callback(
             work_dir,
             task_name,
-            progress,
+            job.progress,
             done,
             tune.trials_per_task,
             ms.database.Workload(workload_mod),
@@ -556,8 +516,8 @@ def _search_round(
     )
     model_lease = lease_cost_model(work_dir, target) if tune.cost_model == "xgb" else contextlib.nullcontext("random")
     with (
-        pools.builder(tune.builder_timeout_s, cross_compiler) as builder,
-        pools.runner(board, measure) as runner,
+        pools.builder(tune.builder_timeout_s, job.cross_compiler) as builder,
+        pools.runner(board, job.measure) as runner,
         model_lease as model,
     ):
         ms.tune_tasks(
@@ -601,38 +561,18 @@ def _abort(work_dir: Path, task_name: str, board: BoardSpec, tune: TuneConfig, g
     )
 
 
-def _measure_after_search(
-    work_dir: Path,
-    task_name: str,
-    workload_mod,
-    target,
-    board: BoardSpec,
-    measure: MeasureConfig,
-    tune: TuneConfig,
-    cross_compiler: str | None,
-) -> int | None:
+def _measure_after_search(task: _Task) -> int | None:
     """The task's default lowering, once per work dir, its best records re-timed in turn
     (`retime`, once per set of records), and the board's thread count; returns it.
 
     After the search, not before it: a board that dies or hangs is then already out of the
     tracker's rotation, and the trial log stays exactly what the search measured."""
+    work_dir, target, job = task.work_dir, task.target, task.job
+    board, tune = job.board, job.tune
     if measures_default(target) and not (work_dir / WorkDir.DEFAULT).exists() and _boards_left(board):
-        _default_latency(work_dir, task_name, workload_mod, target, board, measure, tune, cross_compiler)
+        _default_latency(task)
     if tune.retime_top > 1 and _boards_left(board):
-        retime.retime_top(
-            work_dir,
-            task_name,
-            workload_mod,
-            target,
-            board,
-            measure,
-            tune.retime_top,
-            tune.retime_rounds,
-            tune.retime_within,
-            tune.builder_timeout_s,
-            cross_compiler,
-            retime.resolve_caches(tune.retime_caches, target),
-        )
+        retime.retime_top(work_dir, task.name, task.mod, target, board, job.measure, tune, job.cross_compiler)
     threads = board.threads or last_threads(work_dir)
     if threads is None and target.kind.name == "llvm" and _boards_left(board):
         from .boards import board_threads  # not given: asked after the search, as the default latency is
@@ -642,20 +582,11 @@ def _measure_after_search(
 
 
 def _outcome(
-    work_dir: Path,
-    task_name: str,
-    workload_hash: str,
-    flops: float,
-    stopped: str,
-    lats: list[float],
-    session_best: float,
-    trials_before: int,
-    session: str | None,
-    previous_best_ms: float | None,
-    threads: int | None,
-    retimed: bool,
+    job: TaskJob, stopped: str, trials_before: int, previous_best_ms: float | None, threads: int | None
 ) -> TuneOutcome:
     """What the task reports: its trial log's latencies (`trial_log.history`) and its warm-start note."""
+    work_dir, flops = job.work_dir, job.flops
+    lats, session_best, _ = history(work_dir)
     curve, b, reached = [], FAILED, None
     for i, v in enumerate(lats, 1):
         b = min(b, v)
@@ -670,8 +601,8 @@ def _outcome(
         [x for x in (session_best * 1e3 if session_best < FAILED else None, seeded_best) if x is not None], default=None
     )
     return TuneOutcome(
-        task=task_name,
-        workload_hash=workload_hash,
+        task=job.name,
+        workload_hash=job.workload_hash,
         trials=valid,
         trials_this_run=len(lats) - trials_before,
         valid=valid,
@@ -682,14 +613,14 @@ def _outcome(
         stopped=stopped,
         curve=curve,
         default_ms=read_default_ms(work_dir),
-        session=session,
+        session=job.tune.session,
         session_best_ms=session_best * 1e3 if session_best < FAILED else None,
         warm_start=int(warm.get("seeded", 0)),
         previous_best_ms=previous_best_ms,
         reached_previous_best_at=reached,
         threads=threads,
         library=warm.get("library"),
-        retimed=_retime_summary(work_dir) if retimed else None,
+        retimed=_retime_summary(work_dir) if job.tune.retime_top > 1 else None,
     )
 
 
@@ -758,12 +689,13 @@ def measure_default(
     return mean_secs(res.run_secs), None
 
 
-def _default_latency(
-    work_dir: Path, task_name: str, workload_mod, target, board, measure, tune, cross_compiler: str | None = None
-) -> float | None:
+def _default_latency(task: _Task) -> float | None:
     """measure_default once per work dir (kept in default.json: a resumed task reuses it)."""
-    p = work_dir / WorkDir.DEFAULT
-    secs, why = measure_default(workload_mod, target, board, measure, tune.builder_timeout_s, cross_compiler)
+    job, task_name = task.job, task.name
+    p = task.work_dir / WorkDir.DEFAULT
+    secs, why = measure_default(
+        task.mod, task.target, job.board, job.measure, job.tune.builder_timeout_s, job.cross_compiler
+    )
     if secs is None:
         log.warning("task %s: could not measure its default lowering (%s); tuned records will be used", task_name, why)
         return None  # not recorded: retried on the next run

@@ -15,7 +15,7 @@ def fast_build(mod, target, _params):
     import tvm
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-    from vta_pipeline.tir.weight_prefetch import insert
+    from ..tir.weight_prefetch import insert
 
     mod = insert(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod))
     return tvm.driver.build(mod, target=target)

@@ -254,7 +254,7 @@ def overrides(flags: list[Flag], values: dict[str, Any]) -> dict[str, Any]:
         out.setdefault("quantize.enabled", True)
         out.setdefault("pack.enabled", True)
     if values.get("vta_config") is not None:
-        from vta_pipeline.vta_config import VTAConfig
+        from vta_pipeline.vta.config import VTAConfig
 
         out["vta"] = _guard(lambda: VTAConfig.load(values["vta_config"])).model_dump()
     return out

@@ -28,10 +28,10 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..vta.config import VTAConfig
 from ..vta.conv import ConvWorkload, Epilogue, Knobs
 from ..vta.runtime import CONV2D, ConvSpec
 from ..vta.simulator import CycleModel
-from ..vta_config import VTAConfig
 from .graph import Const, Rebuilder, const_value, dtype_of, main_bindings, op_name, shape_of
 
 

@@ -9,7 +9,7 @@ says where it came from: CPU model, ISA flags, commit, trials measured, night.
 
 A library record is never trusted for its latency, which was measured on another machine.
 Its schedules are the first candidates the search measures on this board
-(`tune.tune_task(library=...)`), so the trial log, the database and pick best hold only
+(`tune.WarmStart(library=...)`), so the trial log, the database and pick best hold only
 this board's timings, and a library that is wrong for this machine costs a few trials, not
 a slow build. The store's own history always wins: the library is asked only for
 workloads the store has no records of.
@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .. import machine
+from ..boards import machine
 from ..errors import UserError
 from ..store import history, workload_keys
 from ..store.hashing import sha256_json

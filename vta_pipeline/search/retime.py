@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..boards import BoardSpec, pools
-from ..config import MeasureConfig
+from ..config import MeasureConfig, TuneConfig
 from ..store.artifacts import atomic_write_text, read_json
 from .database import open_database, plain_json
 from .trial_log import fastest_secs, mean_secs
@@ -104,22 +104,20 @@ def retime_top(
     target,
     board: BoardSpec,
     measure: MeasureConfig,
-    top: int,
-    rounds: int,
-    within: float,
-    builder_timeout_s: float,
+    tune: TuneConfig,
     cross_compiler: str | None = None,
-    caches: str = "warm",
 ) -> dict[str, Any] | None:
-    """Measure the task's `top` best records recorded within `within` x the best again in turn
-    (see the module doc); returns what `retimed.json` holds, or None when there is nothing to
-    choose between (fewer than two such records) or no candidate could be measured (then the
-    recorded best stands)."""
+    """Measure the task's `tune.retime_top` best records recorded within `tune.retime_within` x
+    the best again in turn, `tune.retime_rounds` rounds (see the module doc); returns what
+    `retimed.json` holds, or None when there is nothing to choose between (fewer than two such
+    records) or no candidate could be measured (then the recorded best stands)."""
     from tvm.s_tir import Schedule
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule import _ffi_api
     from tvm.s_tir.meta_schedule.utils import remove_build_dir
 
+    top, rounds, within = tune.retime_top, tune.retime_rounds, tune.retime_within
+    caches = resolve_caches(tune.retime_caches, target)
     n_records = record_count(work_dir)
     done = current(work_dir)
     if done and (done["top"], done["rounds"], done.get("within"), done.get("caches", "warm")) == (
@@ -137,7 +135,7 @@ def retime_top(
     if len(records) < 2:
         return None
     inputs, kept = [], []
-    with pools.builder(builder_timeout_s, cross_compiler) as builder:
+    with pools.builder(tune.builder_timeout_s, cross_compiler) as builder:
         mods = []
         for rec in records:
             sch = Schedule(workload_mod)

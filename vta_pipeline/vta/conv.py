@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import UserError
-from ..vta_config import VTAConfig
 from . import isa
+from .config import VTAConfig
 from .isa import AluInsn, AluOp, Deps, FinishInsn, GemmInsn, Insn, Layout, Mem, MemInsn, Opcode
 from .simulator import Dram, Simulator, Stats
 
@@ -267,14 +267,15 @@ def compile_conv(wl: ConvWorkload, knobs: Knobs, epi: Epilogue, cfg: VTAConfig, 
     waves = _waves(g, k)
     steps = g.cib // k.tile_ci
     n_tiles, n_steps = len(waves) * g.threads, len(waves) * g.threads * steps
-    load_q: list[Insn] = []
-    compute: list[Insn] = [MemInsn(Opcode.LOAD, Mem.UOP, 0, uaddr // 4, 1, len(uops), len(uops))]
-    store_q: list[Insn] = []
+    # In program order, as VTA's fetch module dispatches it into the three modules' command
+    # queues: every instruction after those whose tokens it waits for, so that no queue ever
+    # has to hold more than a step's run-ahead (`simulator.HardwareRules.cmd_queue_depth`).
+    stream: list[Insn] = [MemInsn(Opcode.LOAD, Mem.UOP, 0, uaddr // 4, 1, len(uops), len(uops))]
     tile = step = 0
     for wave in waves:
         for r, _ in enumerate(wave):  # reset each thread's accumulators, once its previous tile is stored
             u = r * per_thread
-            compute.append(
+            stream.append(
                 GemmInsn(
                     u + RESET_UOP,
                     u + RESET_UOP + 1,
@@ -301,8 +302,8 @@ def compile_conv(wl: ConvWorkload, knobs: Knobs, epi: Epilogue, cfg: VTAConfig, 
                 ]
                 loads[0] = _flag(loads[0], pop_next=step >= g.threads)  # that copy's last reader is done
                 loads[-1] = _flag(loads[-1], push_next=True)
-                load_q += loads
-                compute.append(
+                stream += loads
+                stream.append(
                     GemmInsn(
                         u + GEMM_UOP,
                         u + per_thread,
@@ -320,7 +321,7 @@ def compile_conv(wl: ConvWorkload, knobs: Knobs, epi: Epilogue, cfg: VTAConfig, 
             acc0, u = r * g.acc_entries, r * per_thread
             ops = _epilogue(wl, k, g, epi, base, co, h, w, acc0, u, out_n)
             ops[-1] = _flag(ops[-1], push_next=True)
-            compute += ops
+            stream += ops
             stores = [
                 MemInsn(
                     Opcode.STORE,
@@ -336,9 +337,9 @@ def compile_conv(wl: ConvWorkload, knobs: Knobs, epi: Epilogue, cfg: VTAConfig, 
             stores[0] = _flag(stores[0], pop_prev=True)
             # free the copy for the tile `threads` later; the last tile's token goes to FINISH
             stores[-1] = _flag(stores[-1], push_prev=tile < n_tiles - g.threads or tile == n_tiles - 1)
-            store_q += stores
+            stream += stores
             tile += 1
-    stream = load_q + compute + store_q + [FinishInsn(deps=Deps(pop_next=True))]
+    stream.append(FinishInsn(deps=Deps(pop_next=True)))
     buffers = {name: (addr[name], shape, dt) for name, (shape, dt) in shapes.items()}
     return Program(wl, epi, k, stream, uops, buffers)
 

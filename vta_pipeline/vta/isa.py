@@ -25,7 +25,7 @@ from typing import Union
 import numpy as np
 
 from ..errors import ConfigError
-from ..vta_config import VTAConfig
+from .config import VTAConfig
 
 INSN_BYTES = 16
 UOP_BYTES = 4

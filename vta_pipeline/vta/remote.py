@@ -16,7 +16,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from ..vta_config import VTAConfig
+from .config import VTAConfig
 from .conv import ConvWorkload, Epilogue, Knobs
 from .simulator import CycleModel
 from .tuner import Measure, Measurement, local_measure

@@ -11,11 +11,11 @@ and outlives a tracker outage as every board does (`vta_pipeline.boards.server`)
 
 from __future__ import annotations
 
-from vta_pipeline.boards.server import serve
+from ..boards.server import serve
 
 
 def _init() -> None:
-    from vta_pipeline.vta import remote
+    from . import remote
 
     remote.register()
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..vta_config import VTAConfig
+from .config import VTAConfig
 from .conv import ConvWorkload, Epilogue, Knobs, Program, compile_conv, run_conv
 from .simulator import CycleModel, Dram, Simulator
 

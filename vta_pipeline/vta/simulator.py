@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UserError
-from ..vta_config import VTAConfig
+from .config import VTAConfig
 from .isa import (
     AluInsn,
     AluOp,
@@ -61,6 +61,43 @@ class StreamError(UserError):
 
 class DeadlockError(StreamError):
     """No module can run its next instruction: each waits for a token nobody will push."""
+
+
+class HardwareRuleError(StreamError):
+    """A stream VTA's functional simulator runs but a VTA bitstream would not (`HardwareRules`)."""
+
+
+@dataclass(frozen=True)
+class HardwareRules:
+    """What a VTA bitstream enforces that VTA's functional simulator (fsim) lets pass, each rule
+    with the design it comes from (`docs/research/vta-hardware-notes.md`; docs/vta-target.md
+    says which rules our streams keep). A stream that keeps them runs on both the HLS design
+    (Pynq, Ultra96) and the Chisel one (DE10-Nano), as far as these rules go.
+
+    cmd_queue_depth: 512. The fetch module reads the stream in program order and dispatches
+        each instruction into its module's command FIFO (load, compute, store), blocking while
+        that FIFO is full (HLS `vta.cc` fetch; Chisel `Fetch`'s instruction queues). fsim
+        splits the whole stream into the three queues up front; on the hardware a stream that
+        needs more run-ahead than a FIFO holds deadlocks.
+    loads: UOP, INP, WGT, ACC. The HLS `load()`/`compute()` and the Chisel `FetchDecode` have no
+        ACC_8BIT load (fsim and the runtime have it): on a board it would not add what fsim adds.
+    uop_depth: 2048 micro-ops, the Chisel design's micro-op memory (the HLS design's holds the
+        config's UOP_BUFF_SIZE / 4: 8192 on the Pynq).
+    shr_imm: [-16, 15]. The HLS ALU's shift takes the immediate's low 5 bits as a signed shift.
+    gemm_dst_apart: 3. A GEMM micro-op must not write an accumulator that either of the two
+        micro-ops before it wrote: the HLS GEMM loop is pipelined with `DEPENDENCE acc_mem inter
+        false`, and VTA's runtime refuses such micro-op kernels (`runtime.cc` VerifyDep). Checked
+        on the micro-ops in the order they execute (iter_out, iter_in, uop).
+    """
+
+    cmd_queue_depth: int = 512
+    loads: frozenset = frozenset({Mem.UOP, Mem.INP, Mem.WGT, Mem.ACC})
+    uop_depth: int = 2048
+    shr_imm: tuple[int, int] = (-16, 15)
+    gemm_dst_apart: int = 3
+
+
+STRICT = HardwareRules()
 
 
 @dataclass(frozen=True)
@@ -160,11 +197,19 @@ _TOKENS = {  # (core, flag) -> the token queue it pops or pushes
 class Simulator:
     """VTA's state for one config: its SRAMs (with which entries hold data) and the cycle model."""
 
-    def __init__(self, cfg: VTAConfig, cycles: CycleModel | None = None, functional: bool = True):
+    def __init__(
+        self,
+        cfg: VTAConfig,
+        cycles: CycleModel | None = None,
+        functional: bool = True,
+        rules: HardwareRules | None = None,
+    ):
         """`functional=False` times a stream without computing its values (the cycle model does
-        not depend on them): what knob tuning measures. Streams are checked the same."""
+        not depend on them): what knob tuning measures. Streams are checked the same.
+        `rules`: the hardware's rules (`STRICT`) on top of fsim's; None runs what fsim runs."""
         self.cfg, self.layout, self.model = cfg, Layout.of(cfg), cycles or CycleModel()
         self.functional = functional
+        self.rules = rules
         b, bi, bo = cfg.BATCH, cfg.BLOCK_IN, cfg.BLOCK_OUT
         lay = self.layout
         self.inp = np.zeros((1 << lay.inp_depth_log, b, bi), np.int8)
@@ -190,7 +235,18 @@ class Simulator:
     def run(self, stream: list[Insn] | bytes, dram: Dram) -> Stats:
         """Execute `stream` (instructions, or their encoded bytes) against `dram`."""
         insns = decode_stream(stream, self.layout) if isinstance(stream, (bytes, bytearray)) else list(stream)
-        queues = {c: deque((k, i) for k, i in enumerate(insns) if core_of(i) == c) for c in Core}
+        depth = self.rules.cmd_queue_depth if self.rules else len(insns) + 1  # fsim: the whole stream at once
+        queues: dict[Core, deque] = {c: deque() for c in Core}
+        fetched, fetch_time = 0, 0  # the fetch module: next instruction, when it can dispatch
+
+        def fetch(now: int) -> None:  # in program order, while the next one's FIFO has room
+            nonlocal fetched, fetch_time
+            while fetched < len(insns) and len(queues[core_of(insns[fetched])]) < depth:
+                fetch_time = max(fetch_time, now)
+                queues[core_of(insns[fetched])].append((fetched, insns[fetched], fetch_time))
+                fetched += 1
+
+        fetch(0)
         tokens: dict[str, deque] = {q: deque() for q in ("l2g", "g2l", "s2g", "g2s")}
         free = {c: 0 for c in Core}
         dram_free = 0
@@ -202,21 +258,22 @@ class Simulator:
             for core, q in queues.items():
                 if not q:
                     continue
-                k, insn = q[0]
+                k, insn, ready = q[0]
                 pops = [_TOKENS[core, f] for f in ("pop_prev", "pop_next") if getattr(insn.deps, f)]
                 if any(not tokens[t] for t in pops):
                     continue
-                start = max([free[core]] + [tokens[t][0] for t in pops])
+                start = max([free[core], ready] + [tokens[t][0] for t in pops])
                 if isinstance(insn, MemInsn) and insn.x_size:
                     start = max(start, dram_free)
                 if best is None or start < best[0]:
                     best = (start, core)
             if best is None:
                 if any(queues.values()):
-                    raise DeadlockError(self._deadlock(queues, tokens, insns))
+                    raise DeadlockError(self._deadlock(queues, tokens, insns, fetched, depth))
                 raise StreamError(f"the stream of {len(insns)} instructions has no FINISH: VTA would never signal done")
             start, core = best
-            k, insn = queues[core].popleft()
+            k, insn, _ = queues[core].popleft()
+            fetch(start)  # its FIFO entry is free once it starts
             for f in ("pop_prev", "pop_next"):
                 if getattr(insn.deps, f):
                     tokens[_TOKENS[core, f]].popleft()
@@ -235,6 +292,8 @@ class Simulator:
             if isinstance(insn, FinishInsn):
                 break
         left = {c.name.lower(): len(q) for c, q in queues.items() if q}
+        if fetched < len(insns):
+            left["not fetched"] = len(insns) - fetched
         if left:
             raise StreamError(
                 f"FINISH (instruction {k}) ran before {left} instruction(s) of other modules: it must "
@@ -255,11 +314,18 @@ class Simulator:
                     f"instruction {k} ({_describe(insn)}) sets {f}, which the {core.name.lower()} module does not have"
                 )
 
-    def _deadlock(self, queues, tokens, insns) -> str:
+    def _deadlock(self, queues, tokens, insns, fetched: int, depth: int) -> str:
         waits = []
+        if fetched < len(insns):
+            nxt = insns[fetched]
+            waits.append(
+                f"the fetch module at instruction {fetched} ({_describe(nxt)}) waits for room in the "
+                f"{core_of(nxt).name.lower()} command queue, full with {depth} instructions (in-order dispatch: "
+                "a stream must never need more run-ahead than the queues hold)"
+            )
         for core, q in queues.items():
             if q:
-                k, insn = q[0]
+                k, insn, _ = q[0]
                 need = [_TOKENS[core, f] for f in ("pop_prev", "pop_next") if getattr(insn.deps, f)]
                 waits.append(
                     f"{core.name.lower()} at instruction {k} ({_describe(insn)}) waits for a "
@@ -299,6 +365,12 @@ class Simulator:
     def _load(self, k: int, insn: MemInsn, dram: Dram) -> tuple[int, int]:
         if insn.memory_type == Mem.OUT:
             raise StreamError(f"instruction {k}: LOAD of memory type OUT; VTA loads UOP, WGT, INP, ACC or ACC_8BIT")
+        if self.rules and insn.memory_type not in self.rules.loads:
+            raise HardwareRuleError(
+                f"instruction {k} ({_describe(insn)}): the hardware designs have no {insn.memory_type.name} load "
+                f"(HLS load/compute, Chisel FetchDecode: {', '.join(m.name for m in sorted(self.rules.loads))}); "
+                "only VTA's functional simulator runs it"
+            )
         name = self._sram(insn.memory_type)
         xt = insn.x_pad_0 + insn.x_size + insn.x_pad_1
         yt = insn.y_pad_0 + insn.y_size + insn.y_pad_1
@@ -367,6 +439,11 @@ class Simulator:
         return self._index_cache[insn]
 
     def _compute_indices(self, insn: GemmInsn | AluInsn, k: int) -> tuple[np.ndarray, ...]:
+        if self.rules and insn.uop_end > self.rules.uop_depth:
+            raise HardwareRuleError(
+                f"instruction {k} ({_describe(insn)}): micro-ops [{insn.uop_bgn}, {insn.uop_end}) past the "
+                f"{self.rules.uop_depth} the Chisel design's micro-op memory holds"
+            )
         if not 0 <= insn.uop_bgn <= insn.uop_end <= self.uop.shape[1]:
             raise StreamError(
                 f"instruction {k} ({_describe(insn)}): micro-ops [{insn.uop_bgn}, {insn.uop_end}) "
@@ -385,10 +462,11 @@ class Simulator:
             out.append(idx(wgt, insn.wgt_factor_out, insn.wgt_factor_in))
         return tuple(out)
 
-    def _require(self, k: int, insn: Insn, name: str, idx: np.ndarray) -> None:
+    def _require(self, k: int, insn: Insn, name: str, idx: np.ndarray, operand: str = "") -> None:
         """Every entry `idx` of SRAM `name` exists and holds data some instruction wrote (an
-        entry, once written, stays valid: a check of the same indices passes again)."""
-        key = (name, insn)
+        entry, once written, stays valid: a check of the same indices of the same operand
+        passes again; `operand` tells an instruction's two reads of one SRAM apart)."""
+        key = (name, operand, insn)
         if key in self._checked:
             return
         self._checked.add(key)
@@ -419,6 +497,8 @@ class Simulator:
         self._require(k, insn, "inp", src)
         self._require(k, insn, "wgt", wgt)
         self._require(k, insn, "acc", dst)
+        if self.rules:
+            self._check_gemm_hazard(k, insn, dst)
         if not self.functional:
             return dst.size
         # One matrix product per distinct weight tile (a conv's GEMM reuses each over many
@@ -441,12 +521,35 @@ class Simulator:
         self.acc[rows] = _wrap32(self.acc[rows].astype(np.int64) + sums)
         return dst.size
 
+    def _check_gemm_hazard(self, k: int, insn: GemmInsn, dst: np.ndarray) -> None:
+        key = ("hazard", "", insn)
+        if key in self._checked:
+            return
+        self._checked.add(key)
+        for d in range(1, self.rules.gemm_dst_apart):
+            same = np.flatnonzero(dst[d:] == dst[:-d])
+            if same.size:
+                i = int(same[0]) + d
+                raise HardwareRuleError(
+                    f"instruction {k} ({_describe(insn)}): micro-op iteration {i} writes acc entry {int(dst[i])}, "
+                    f"which iteration {i - d} wrote {d} micro-op(s) before: the pipelined GEMM does not wait for "
+                    f"it (VTA's runtime refuses this, VerifyDep); keep {self.rules.gemm_dst_apart - 1} other "
+                    "accumulators between two writes of one"
+                )
+
     def _alu(self, k: int, insn: AluInsn) -> int:
         dst, src = self._indices(insn, k)
         if insn.use_imm:
             src = dst
-        self._require(k, insn, "acc", dst)
-        self._require(k, insn, "acc", src)
+        if self.rules and insn.use_imm and insn.alu_opcode == AluOp.SHR:
+            lo, hi = self.rules.shr_imm
+            if not lo <= insn.imm <= hi:
+                raise HardwareRuleError(
+                    f"instruction {k} ({_describe(insn)}): shift immediate {insn.imm} outside the hardware's "
+                    f"[{lo}, {hi}]"
+                )
+        self._require(k, insn, "acc", dst, "dst")
+        self._require(k, insn, "acc", src, "src")
         if not self.functional:
             return dst.size
         if len(np.unique(dst)) == dst.size and (

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..search import trial_log
 from ..search.work_dir import Status, WorkDir
-from ..vta_config import VTAConfig
+from .config import VTAConfig
 from .conv import ConvWorkload, Epilogue, Knobs, check, compile_conv, default_knobs, knob_space
 from .simulator import CycleModel, Dram, Simulator, StreamError
 

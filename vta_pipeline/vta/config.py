@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 class VTAConfig(BaseModel):
