@@ -142,3 +142,38 @@ def test_the_compiler_emits_in_program_order_so_in_order_dispatch_never_overflow
     split = [*by_module[0], *by_module[1], *by_module[2], prog.instructions[-1]]
     with pytest.raises(DeadlockError, match="waits for room in the load command queue"):
         Simulator(CFG, functional=False, rules=STRICT).run(split, dram)
+
+
+@pytest.mark.parametrize(
+    "knobs, fold",
+    [
+        (Knobs(tile_h=2, tile_w=4, tile_ci=2, tile_co=2), 0),  # rows of 4: the columns keep writes apart
+        (Knobs(tile_h=4, tile_w=1, tile_ci=2, tile_co=1), 1),  # one column: the micro-ops take in the rows
+        (Knobs(tile_h=1, tile_w=1, tile_ci=1, tile_co=4), 2),  # one pixel: and the channel blocks
+    ],
+)
+def test_narrow_tiles_fold_loops_into_the_micro_ops_so_no_gemm_writes_an_accumulator_twice_in_a_row(knobs, fold):
+    """VerifyDep: the pipelined GEMM must not write an accumulator either of the two micro-ops
+    before it wrote. A tile narrower than 3 columns takes its rows (and, narrower still, its
+    channel blocks) into its micro-ops; the stream then keeps the rule, bit-exact as before."""
+    from vta_pipeline.vta.simulator import STRICT
+
+    wl = ConvWorkload(1, 8, 8, 32, 64, 3, 3, 1, 1, 1, 1)
+    assert conv.gemm_fold(knobs) == fold
+    out, _, ref = simulate(wl, knobs, Epilogue(bias=True, round_add=1 << 8, shift=9, clip_min=0, clip_max=127))
+    assert np.array_equal(out, ref)
+    plain = Epilogue(bias=True, round_add=1 << 8, shift=9, clip_min=0, clip_max=127)
+    dram = Dram()
+    prog = conv.compile_conv(wl, knobs, plain, CFG, dram)
+    Simulator(CFG, functional=False, rules=STRICT).run(prog.instructions, dram)
+
+
+def test_a_tile_of_fewer_than_three_accumulators_cannot_keep_verifydep():
+    from vta_pipeline.vta.simulator import STRICT, HardwareRuleError
+
+    wl = ConvWorkload(1, 8, 8, 32, 64, 3, 3, 1, 1, 1, 1)
+    plain = Epilogue(bias=True, round_add=1 << 8, shift=9, clip_min=0, clip_max=127)
+    dram = Dram()
+    prog = conv.compile_conv(wl, Knobs(tile_h=1, tile_w=2, tile_co=1), plain, CFG, dram)
+    with pytest.raises(HardwareRuleError, match="VerifyDep"):
+        Simulator(CFG, functional=False, rules=STRICT).run(prog.instructions, dram)

@@ -132,6 +132,28 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+DST_APART = 3  # a GEMM micro-op writes no accumulator either of the two before it wrote (VerifyDep)
+
+
+def gemm_fold(k: Knobs) -> int:
+    """How many of the GEMM's loops its micro-ops take in, so that consecutive micro-ops write
+    accumulators DST_APART apart (`simulator.HardwareRules.gemm_dst_apart`): 0, the tile's
+    columns (the GEMM loops over channel blocks and rows); 1, its rows too (it loops over
+    channel blocks); 2, its channel blocks too (no loops). The fewest that suffice: every
+    level multiplies the micro-ops. A tile of fewer than DST_APART accumulators has none (3)."""
+    for level, n in enumerate((k.tile_w, k.tile_h * k.tile_w, k.tile_co * k.tile_h * k.tile_w)):
+        if n >= DST_APART:
+            return level
+    return 3
+
+
+def gemm_uops(wl: ConvWorkload, k: Knobs) -> int:
+    """The GEMM micro-ops of one thread (`gemm_fold`'s level)."""
+    n = k.tile_ci * wl.kh * wl.kw * k.tile_w
+    fold = gemm_fold(k)
+    return n * (k.tile_h if fold >= 1 else 1) * (k.tile_co if fold >= 2 else 1)
+
+
 @dataclass(frozen=True)
 class _Geometry:
     cib: int  # input channel blocks
@@ -201,7 +223,7 @@ def check(wl: ConvWorkload, k: Knobs, epi: Epilogue, cfg: VTAConfig) -> _Geometr
                 f"the {name} tiles need {entries} entries ({g.threads} thread(s)), more than the "
                 f"{name} buffer's {depth}"
             )
-    uops = g.threads * (k.tile_ci * wl.kh * wl.kw * k.tile_w + 4)
+    uops = g.threads * (gemm_uops(wl, k) + GEMM_UOP)
     if uops > 1 << lay.uop_depth_log:
         raise KnobError(f"{uops} micro-ops, more than the micro-op buffer's {1 << lay.uop_depth_log}")
     return g
@@ -259,8 +281,8 @@ def compile_conv(wl: ConvWorkload, knobs: Knobs, epi: Epilogue, cfg: VTAConfig, 
     base = {name: addr[name] // elem[name] for name in addr}  # in elements of the buffer's type
 
     out_n = k.tile_co * k.tile_h * k.tile_w
-    gemm_n = k.tile_ci * wl.kh * wl.kw * k.tile_w
-    per_thread = GEMM_UOP + gemm_n
+    per_thread = GEMM_UOP + gemm_uops(wl, k)
+    fold = gemm_fold(k)
     uops = np.concatenate([_thread_uops(wl, k, g, epi, r) for r in range(g.threads)])
     uaddr = dram.put(isa.encode_uops(uops[:, 0], uops[:, 1], uops[:, 2], lay))
 
@@ -303,16 +325,17 @@ def compile_conv(wl: ConvWorkload, knobs: Knobs, epi: Epilogue, cfg: VTAConfig, 
                 loads[0] = _flag(loads[0], pop_next=step >= g.threads)  # that copy's last reader is done
                 loads[-1] = _flag(loads[-1], push_next=True)
                 stream += loads
+                rows_in_loop, co_in_loop = fold < 1, fold < 2  # the loops the micro-ops did not take in
                 stream.append(
                     GemmInsn(
                         u + GEMM_UOP,
                         u + per_thread,
-                        k.tile_co,
-                        k.tile_h,
-                        dst_factor_out=k.tile_h * k.tile_w,
-                        dst_factor_in=k.tile_w,
-                        src_factor_in=wl.stride_h * g.iw,
-                        wgt_factor_out=k.tile_ci * wl.kh * wl.kw,
+                        k.tile_co if co_in_loop else 1,
+                        k.tile_h if rows_in_loop else 1,
+                        dst_factor_out=k.tile_h * k.tile_w if co_in_loop else 0,
+                        dst_factor_in=k.tile_w if rows_in_loop else 0,
+                        src_factor_in=wl.stride_h * g.iw if rows_in_loop else 0,
+                        wgt_factor_out=k.tile_ci * wl.kh * wl.kw if co_in_loop else 0,
                         deps=Deps(pop_prev=True, push_prev=step < n_steps - g.threads),
                     )
                 )
@@ -350,20 +373,27 @@ RESET_UOP, BIAS_UOP, RESIDUAL_UOP, RESIDUAL_SHIFT_UOP, GEMM_UOP = 0, 1, 2, 3, 4
 
 def _thread_uops(wl: ConvWorkload, k: Knobs, g: _Geometry, epi: Epilogue, r: int) -> np.ndarray:
     """(dst, src, wgt) of thread r's micro-ops, absolute SRAM indices of its copies. The GEMM's run
-    over (ci, kh, kw, column), columns innermost: consecutive micro-ops write different
-    accumulators whenever the tile is wider than one column."""
+    over (ci, kh, kw, column), columns innermost, taking in the rows and then the channel blocks
+    (`gemm_fold`) where a row is too narrow to keep consecutive writes DST_APART apart."""
     acc0, inp0, wgt0 = r * g.acc_entries, r * g.inp_entries, r * g.wgt_entries
     out_n = k.tile_co * k.tile_h * k.tile_w
     bias0 = acc0 + out_n
     res0 = bias0 + (k.tile_co if epi.bias else 0)
     head = [(acc0, acc0, 0), (acc0, bias0, 0), (acc0, res0, 0), (res0, res0, 0)]
-    ci, dy, dx, x = np.meshgrid(
-        np.arange(k.tile_ci), np.arange(wl.kh), np.arange(wl.kw), np.arange(k.tile_w), indexing="ij"
+    fold = gemm_fold(k)
+    ci, dy, dx, co, y, x = np.meshgrid(
+        np.arange(k.tile_ci),
+        np.arange(wl.kh),
+        np.arange(wl.kw),
+        np.arange(k.tile_co if fold >= 2 else 1),
+        np.arange(k.tile_h if fold >= 1 else 1),
+        np.arange(k.tile_w),
+        indexing="ij",
     )
-    gemm = np.stack(
-        [acc0 + x, inp0 + ci * g.ih * g.iw + dy * g.iw + x * wl.stride_w + dx, wgt0 + (ci * wl.kh + dy) * wl.kw + dx],
-        axis=-1,
-    ).reshape(-1, 3)
+    dst = acc0 + (co * k.tile_h + y) * k.tile_w + x
+    src = inp0 + ci * g.ih * g.iw + (y * wl.stride_h + dy) * g.iw + x * wl.stride_w + dx
+    wgt = wgt0 + co * k.tile_ci * wl.kh * wl.kw + (ci * wl.kh + dy) * wl.kw + dx
+    gemm = np.stack([dst, src, wgt], axis=-1).reshape(-1, 3)
     return np.concatenate([np.array(head, dtype=np.int64), gemm])
 
 
