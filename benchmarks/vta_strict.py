@@ -90,6 +90,7 @@ def main() -> None:
     res = {
         "commit": machine.source_commit(),
         **machine.cpu(),
+        "threads": 1,  # pass/fail, not a timing: one process, numpy on one thread
         "sample": args.sample,
         "seconds": round(time.time() - t0, 1),
         "rows": rows,

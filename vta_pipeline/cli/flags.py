@@ -204,36 +204,30 @@ FLAGS: list[Flag] = [
     Flag("winograd_small_below", ("pack.winograd_small_below", "layout.winograd_small_below"), "opt", min=0),
 ]
 _BY_NAME = {f.name: f for f in FLAGS}
-_INT8 = {
-    "vta": "Quantize + graph pack with the recipe's defaults and tune the packed convs: --quantize and --pack "
-    "(an explicit --no-quantize / --no-pack still wins).",
-    "vta_config": "VTA's vta_config.json (block sizes): the config's `vta` section.",
+# --vta and --vta-config set whole sections (`overrides` says how): name -> (type, default, declarations, help)
+_SPECIAL: dict[str, tuple[Any, Any, tuple[str, ...], str]] = {
+    "vta": (
+        bool,
+        False,
+        ("--vta",),
+        "Quantize + graph pack with the recipe's defaults and tune the packed convs: --quantize and --pack "
+        "(an explicit --no-quantize / --no-pack still wins).",
+    ),
+    "vta_config": (Optional[Path], None, (), "VTA's vta_config.json (block sizes): the config's `vta` section."),
 }
 
 
 def _special_parameters(names: set[str]) -> list[inspect.Parameter]:
-    out = []
-    if "vta" in names:
-        out.append(
-            inspect.Parameter(
-                "vta",
-                inspect.Parameter.KEYWORD_ONLY,
-                default=False,
-                annotation=Annotated[bool, typer.Option("--vta", help=_INT8["vta"], rich_help_panel=PANELS["int8"])],
-            )
+    return [
+        inspect.Parameter(
+            name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=default,
+            annotation=Annotated[t, typer.Option(*decls, help=text, rich_help_panel=PANELS["int8"])],
         )
-    if "vta_config" in names:
-        out.append(
-            inspect.Parameter(
-                "vta_config",
-                inspect.Parameter.KEYWORD_ONLY,
-                default=None,
-                annotation=Annotated[
-                    Optional[Path], typer.Option(help=_INT8["vta_config"], rich_help_panel=PANELS["int8"])
-                ],
-            )
-        )
-    return out
+        for name, (t, default, decls, text) in _SPECIAL.items()
+        if name in names
+    ]
 
 
 def select(groups: tuple[str, ...], exclude: tuple[str, ...] = ()) -> list[Flag]:
@@ -264,7 +258,7 @@ def config_flags(*groups: str, exclude: tuple[str, ...] = ()):
     """Give a command the config flags of `groups` (see PANELS; "int8" includes --vta and
     --vta-config); it receives the values given as `overrides` (dotted path -> value)."""
     flags = select(groups, exclude)
-    specials = {"vta", "vta_config"} - set(exclude) if "int8" in groups else set()
+    specials = set(_SPECIAL) - set(exclude) if "int8" in groups else set()
 
     def wrap(command):
         own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "overrides"]
