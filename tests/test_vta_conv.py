@@ -4,6 +4,8 @@ buffers; the cycle model's answer to the knobs."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -69,15 +71,22 @@ def test_each_resnet18_workload_is_bit_exact_under_several_configs(wl):
     for k in _configs(wl):
         out, stats, ref = simulate(wl, k)
         assert np.array_equal(out, ref), k
-        assert stats.gemm_uops * 2 * 16 * 16 == wl.ops()  # every multiply-add once, none twice
+        residual = wl.out_filter // 16 * wl.out_height * wl.out_width  # one identity GEMM per output entry
+        assert (stats.gemm_uops - residual) * 2 * 16 * 16 == wl.ops()  # every multiply-add once, none twice
     assert np.abs(ref.astype(int)).max() > 0 and (ref == 127).any()  # the clip was exercised
 
 
-def test_the_untuned_config_is_autotvms_fallback_and_also_exact():
+def test_the_untuned_config_is_the_smallest_tile_the_gemm_can_run_and_also_exact():
+    """AutoTVM's fallback (one accumulator per tile) breaks VerifyDep; the untuned config grows
+    the tile to three accumulators: along a row where it is that wide, else over channel blocks."""
     wl = ConvWorkload(1, 7, 7, 32, 32, 3, 3, 1, 1, 1, 1)
-    assert conv.default_knobs(wl, CFG) == Knobs(1, 1, 1, 1, 1, 1, 1)
+    assert conv.default_knobs(wl, CFG) == Knobs(tile_w=7)  # 7 has no divisor 3..6
     out, _, ref = simulate(wl, conv.default_knobs(wl, CFG))
     assert np.array_equal(out, ref)
+    assert conv.default_knobs(RESNET18[0], CFG) == Knobs(tile_w=4)
+    assert conv.default_knobs(RESNET18[-1], CFG) == Knobs(tile_co=4)  # fewer accumulators than a row of 7
+    with pytest.raises(KnobError, match=r"a tile of 1 accumulator\(s\): the pipelined GEMM needs 3"):
+        conv.default_knobs(ConvWorkload(1, 1, 1, 16, 16, 1, 1, 0, 0, 1, 1), CFG)
 
 
 def test_an_epilogue_without_bias_or_residual_a_left_shifted_residual_and_a_second_rounding_shift():
@@ -168,12 +177,31 @@ def test_narrow_tiles_fold_loops_into_the_micro_ops_so_no_gemm_writes_an_accumul
     Simulator(CFG, functional=False, rules=STRICT).run(prog.instructions, dram)
 
 
-def test_a_tile_of_fewer_than_three_accumulators_cannot_keep_verifydep():
-    from vta_pipeline.vta.simulator import STRICT, HardwareRuleError
-
+def test_a_tile_of_fewer_than_three_accumulators_is_pruned_because_its_gemm_cannot_keep_verifydep():
     wl = ConvWorkload(1, 8, 8, 32, 64, 3, 3, 1, 1, 1, 1)
-    plain = Epilogue(bias=True, round_add=1 << 8, shift=9, clip_min=0, clip_max=127)
-    dram = Dram()
-    prog = conv.compile_conv(wl, Knobs(tile_h=1, tile_w=2, tile_co=1), plain, CFG, dram)
-    with pytest.raises(HardwareRuleError, match="VerifyDep"):
-        Simulator(CFG, functional=False, rules=STRICT).run(prog.instructions, dram)
+    space = conv.knob_space(wl, CFG, EPILOGUE)
+    assert space and min(k.tile_co * k.tile_h * k.tile_w for k in space) == 4  # 8 and 4 blocks: no 3
+    with pytest.raises(KnobError, match=r"a tile of 2 accumulator\(s\).*VerifyDep"):
+        conv.check(wl, Knobs(tile_h=1, tile_w=2, tile_co=1), EPILOGUE, CFG)
+
+
+def test_more_micro_ops_than_the_chisel_designs_memory_are_pruned():
+    """The HLS design's micro-op buffer holds 8192 (32 KiB), the Chisel design's 2048: a stream
+    both designs run keeps to the smaller."""
+    wl = ConvWorkload(1, 14, 14, 256, 256, 3, 3, 1, 1, 1, 1)
+    k = Knobs(tile_h=1, tile_w=14, tile_ci=16, tile_co=1)  # 16 x 9 x 14 = 2016 GEMM micro-ops + 5
+    with pytest.raises(KnobError, match=r"4042 micro-ops, more than the 2048"):
+        conv.check(wl, replace(k, oc_nthread=2), EPILOGUE, CFG)
+    conv.check(wl, k, EPILOGUE, CFG)
+    assert all(
+        (k.h_nthread * k.oc_nthread) * (conv.gemm_uops(wl, k) + conv.GEMM_UOP) <= 2048
+        for k in conv.knob_space(wl, CFG, EPILOGUE)
+    )
+
+
+def test_shift_immediates_outside_the_alus_range_are_refused_before_compiling():
+    wl = ConvWorkload(1, 8, 8, 32, 64, 3, 3, 1, 1, 1, 1)
+    with pytest.raises(KnobError, match=r"shift 16: the ALU's shift immediate holds \[-16, 15\]"):
+        conv.check(wl, Knobs(tile_w=8), Epilogue(shift=16), CFG)
+    with pytest.raises(KnobError, match=r"residual_shift 17"):
+        conv.check(wl, Knobs(tile_w=8), Epilogue(residual_shift=-17), CFG)

@@ -9,7 +9,7 @@ import pytest
 from vta_pipeline.vta import isa
 from vta_pipeline.vta.config import VTAConfig
 from vta_pipeline.vta.isa import AluInsn, AluOp, Deps, FinishInsn, GemmInsn, Mem, MemInsn, Opcode
-from vta_pipeline.vta.simulator import STRICT, DeadlockError, Dram, HardwareRuleError, Simulator, StreamError
+from vta_pipeline.vta.simulator import FSIM, STRICT, DeadlockError, Dram, HardwareRuleError, Simulator, StreamError
 
 CFG = VTAConfig()  # BATCH 1, BLOCK 16
 LAYOUT = isa.Layout.of(CFG)
@@ -200,7 +200,7 @@ def test_a_flag_the_module_does_not_have_is_refused():
 def test_a_legal_stream_runs_the_same_under_the_hardwares_rules():
     dram = Dram()
     stream, out, a, w = matmul_stream(dram, 4)
-    fsim = Simulator(CFG).run(_sync_store(stream), dram)
+    fsim = Simulator(CFG, rules=FSIM).run(_sync_store(stream), dram)
     first = dram.get(out, np.int8, (4, 16))
     strict = Simulator(CFG, rules=STRICT).run(_sync_store(stream), dram)
     assert np.array_equal(dram.get(out, np.int8, (4, 16)), first) and strict.cycles == fsim.cycles
@@ -218,7 +218,7 @@ def test_a_stream_needing_more_run_ahead_than_a_command_queue_holds_deadlocks_in
     """VTA's fetch module dispatches in program order into 512-entry command queues: 600 loads
     that wait on compute instructions placed after them fill the load queue, and the compute
     instructions are never fetched. fsim, which splits the stream up front, runs it."""
-    Simulator(CFG).run(_run_ahead_stream(600), Dram())
+    Simulator(CFG, rules=FSIM).run(_run_ahead_stream(600), Dram())
     Simulator(CFG, rules=STRICT).run(_run_ahead_stream(500), Dram())  # fits the queue
     with pytest.raises(
         DeadlockError,
@@ -231,7 +231,7 @@ def test_an_acc_8bit_load_runs_on_fsim_only():
     dram = Dram()
     addr = dram.put(np.arange(16, dtype=np.int8))
     stream = [load(Mem.ACC_8BIT, 0, addr, 16, 1, 1), FinishInsn()]
-    Simulator(CFG).run(stream, dram)
+    Simulator(CFG, rules=FSIM).run(stream, dram)
     with pytest.raises(
         HardwareRuleError, match=r"instruction 0 \(LOAD ACC_8BIT\): the hardware designs have no ACC_8BIT load"
     ):
@@ -256,7 +256,7 @@ def test_a_gemm_writing_an_accumulator_one_of_the_two_micro_ops_before_wrote_is_
         store(0, dram.alloc(16 * n), 1, n),
         FinishInsn(),
     ]
-    Simulator(CFG).run(_sync_store(stream), dram)
+    Simulator(CFG, rules=FSIM).run(_sync_store(stream), dram)
     if apart is None:
         Simulator(CFG, rules=STRICT).run(_sync_store(stream), dram)
         return
@@ -354,4 +354,5 @@ def test_two_virtual_threads_hide_the_loads_behind_compute():
     # the same work (two NOPs drain the two threads' tokens where one does for one thread)
     assert one.busy["compute"] == two.busy["compute"] and one.busy["load"] == two.busy["load"] - 1
     assert one.cycles >= one.busy["load"] + one.busy["compute"] - 2 * 16  # one module waits for the other
-    assert two.cycles < 0.75 * one.cycles, (one.cycles, two.cycles)
+    # the shorter module's time (here compute's) mostly hidden behind the longer one's
+    assert one.cycles - two.cycles > 0.5 * min(one.busy["compute"], one.busy["load"]), (one.cycles, two.cycles)

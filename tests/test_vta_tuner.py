@@ -101,3 +101,22 @@ def test_a_vta_sim_board_behind_a_tracker_measures_what_the_local_simulator_does
     ) as board:
         remote = board_measure(board.tracker, "vta-sim", WL, EPI, CFG)(configs)
     assert remote == local_measure(WL, EPI, CFG)(configs) and all(m.cycles for m in remote)
+
+
+def test_a_workload_tophub_measured_starts_from_its_config_and_tunes_from_there(tmp_path):
+    """As the recipe's `tophub.context` did: the untuned conv runs TopHub's measured config and the
+    search measures it first; without the warm start it starts from the smallest legal tile."""
+    from vta_pipeline.vta import tophub
+
+    record = min(tophub.resnet18(CFG), key=lambda r: r.workload.ops())  # a 1x1 conv: quick to time
+    epi = Epilogue(bias=True, residual_shift=8, round_add=128, shift=8, clip_min=0)
+    warm = KnobTuner(record.workload, epi, CFG, tmp_path / "warm", local_measure(record.workload, epi, CFG))
+    assert warm.start == record.knobs and "TopHub" in warm.start_from
+    best = warm.tune(4)
+    assert Knobs(**warm.trials()[0]["knobs"]) == record.knobs
+    assert best[1] <= warm.default_ms()  # the start was measured: the tuned is never slower
+    cold = KnobTuner(
+        record.workload, epi, CFG, tmp_path / "cold", local_measure(record.workload, epi, CFG), warm_start=False
+    )
+    cold.tune(4)
+    assert cold.start != record.knobs and record.knobs not in [Knobs(**t["knobs"]) for t in cold.trials()]

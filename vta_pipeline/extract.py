@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 STEP = "extract"
-VERSION = 6  # 3: layout-free weights (pre-packing); x86 dot-product convs. 4: structural workload keys.
+VERSION = 7  # 7: untuned VTA convs start from TopHub's measured configs. 3: layout-free weights (pre-packing); x86 dot-product convs. 4: structural workload keys.
 # 5: Winograd convs (graph pack's --winograd) read as packed_conv2d_winograd, with their conv's workload.
 # 6: a blocked tensor's sigmoid, SiLU and tanh as vectorizable polynomials (`packed_ops.FAST_ACTIVATIONS`)
 
@@ -221,10 +221,16 @@ def _offload_vta(mod: Any, vta: dict[str, Any], out_dir: Path) -> dict[str, Any]
     from .passes.vta_offload import offload_convs
     from .vta import tasks as vta_tasks
     from .vta.config import VTAConfig
-    from .vta.conv import default_knobs
+    from .vta.tophub import start_knobs
 
     cfg = VTAConfig(**vta)
-    mod, report = offload_convs(mod, cfg, lambda wl, epi: default_knobs(wl, cfg, epi))
+    sources: dict[tuple, str] = {}
+
+    def knobs_for(wl, epi):  # TopHub's measured config where one fits, as the recipe started
+        knobs, sources[wl, epi] = start_knobs(wl, cfg, epi)
+        return knobs
+
+    mod, report = offload_convs(mod, cfg, knobs_for)
     tasks = vta_tasks.tasks_of(report)
     vta_tasks.save_tasks(out_dir, tasks)
     (out_dir / "offload.json").write_text(
@@ -235,6 +241,7 @@ def _offload_vta(mod: Any, vta: dict[str, Any], out_dir: Path) -> dict[str, Any]
                     "on_vta": c.on_vta,
                     "workload": c.workload.__dict__ if c.workload else None,
                     "reason": c.reason,
+                    "knobs_from": sources.get((c.workload, c.epilogue)),
                 }
                 for c in report
             ],

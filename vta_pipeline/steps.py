@@ -377,7 +377,7 @@ def tune_step(
 
 # ---- VTA knob tuning --------------------------------------------------------------------------
 VTA_TUNE_STEP = "vta_tune"
-VTA_TUNE_VERSION = 1
+VTA_TUNE_VERSION = 2  # 2: hardware-legal streams, the calibrated cycle model
 
 
 def _vta_tune_config(tune: TuneConfig, vta: VTAConfig, board_key: str) -> dict[str, Any]:

@@ -29,7 +29,7 @@ import tvm
 from tvm import relax
 
 from ..vta.config import VTAConfig
-from ..vta.conv import ConvWorkload, Epilogue, Knobs
+from ..vta.conv import ConvWorkload, Epilogue, KnobError, Knobs
 from ..vta.runtime import CONV2D, ConvSpec
 from ..vta.simulator import CycleModel
 from .graph import Const, Rebuilder, const_value, dtype_of, main_bindings, op_name, shape_of
@@ -194,7 +194,11 @@ def offload_convs(
         if isinstance(m, str):
             report.append(OffloadedConv(str(var.name), None, None, reason=m))
             continue
-        knobs = knobs_for(m.workload, m.epilogue)
+        try:
+            knobs = knobs_for(m.workload, m.epilogue)
+        except KnobError as e:  # no config of VTA's can run it (e.g. a 1x1 map of one channel block)
+            report.append(OffloadedConv(str(var.name), None, None, reason=str(e)))
+            continue
         report.append(OffloadedConv(str(var.name), m.workload, m.epilogue, knobs))
         matches[m.last] = replace(m, knobs=knobs)
     if not matches:

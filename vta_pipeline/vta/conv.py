@@ -21,7 +21,10 @@ Per output tile (one accumulator copy):
       compute:  GEMM: iter_out over output channel blocks, iter_in over rows, micro-ops over
                 (ci, kh, kw, column), columns innermost so that consecutive micro-ops write
                 different accumulators (VTA's HLS GEMM pipeline assumes so)
-    compute:  the epilogue as ALU ops on the tile (bias and residual: LOADs of ACC / ACC_8BIT)
+    compute:  the epilogue as ALU ops on the tile (the bias: a LOAD of ACC)
+      load:     the residual tile, int8, into the thread's input copy (one LOAD INP per block)
+      compute:  a GEMM of it against an identity weight tile adds it to the accumulators: the
+                hardware has no int8 load into the accumulators (fsim's ACC_8BIT)
     store:    one STORE per output channel block (2-D)
 Tokens (VTA's dependency flags) order the modules: load -> compute after each step's loads
 (read after write), compute -> load when a step's input copy may be overwritten (write after
@@ -44,7 +47,7 @@ from ..errors import UserError
 from . import isa
 from .config import VTAConfig
 from .isa import AluInsn, AluOp, Deps, FinishInsn, GemmInsn, Insn, Layout, Mem, MemInsn, Opcode
-from .simulator import Dram, Simulator, Stats
+from .simulator import STRICT, Dram, Simulator, Stats
 
 
 class KnobError(UserError):
@@ -162,10 +165,12 @@ class _Geometry:
     ow: int
     ih: int  # input rows of an output tile
     iw: int
-    inp_entries: int  # of one input copy
+    inp_entries: int  # of one input copy (which also takes the residual tile)
     wgt_entries: int
-    acc_entries: int  # of one accumulator copy (output, bias, residual)
+    acc_entries: int  # of one accumulator copy (output, residual, bias)
     threads: int
+    residual: bool
+    res_region: bool  # the residual has accumulators of its own (`residual_plan`: "region")
 
 
 def _geometry(wl: ConvWorkload, k: Knobs, epi: Epilogue, cfg: VTAConfig) -> _Geometry:
@@ -173,7 +178,12 @@ def _geometry(wl: ConvWorkload, k: Knobs, epi: Epilogue, cfg: VTAConfig) -> _Geo
     ih = (k.tile_h - 1) * wl.stride_h + wl.kh
     iw = (k.tile_w - 1) * wl.stride_w + wl.kw
     out_entries = k.tile_co * k.tile_h * k.tile_w
-    acc = out_entries + (k.tile_co if epi.bias else 0) + (out_entries if epi.residual_shift is not None else 0)
+    plan = residual_plan(epi)
+    region = plan is not None and plan[0] == "region"
+    acc = out_entries + (k.tile_co if epi.bias else 0) + (out_entries if region else 0)
+    # the residual tile comes in whole, after the reduction's last step has used the input copy:
+    # the load -> compute handshake's tokens pair a thread's loads with its GEMMs by position
+    inp = max(k.tile_ci * ih * iw, out_entries if plan else 0)
     return _Geometry(
         cib,
         cob,
@@ -181,11 +191,37 @@ def _geometry(wl: ConvWorkload, k: Knobs, epi: Epilogue, cfg: VTAConfig) -> _Geo
         wl.out_width,
         ih,
         iw,
-        k.tile_ci * ih * iw,
+        inp,
         k.tile_co * k.tile_ci * wl.kh * wl.kw,
         acc,
         k.h_nthread * k.oc_nthread,
+        plan is not None,
+        region,
     )
+
+
+WGT_SCALE_MAX = 6  # the largest power of two an int8 weight holds (2^7 does not)
+
+
+def residual_plan(epi: Epilogue) -> tuple[str, int] | None:
+    """Where the residual (int8) joins the accumulators, and the power of two its identity
+    weight tile carries. The hardware loads int8 only into the input and weight buffers, so the
+    residual comes in as an input and a GEMM against `2^scale x I` adds it:
+      ("after", d): after the requantize's shift, as res x 2^d, where residual_shift = shift + d.
+          Exact: (acc + res x 2^shift + round) >> shift == ((acc + round) >> shift) + res, a
+          multiple of 2^shift passing a floor shift whole; the recipe's case (d = 0).
+      ("before", s): before it, as res x 2^s (0 <= s <= WGT_SCALE_MAX).
+      ("region", 0): into accumulators of its own, shifted there by the ALU (-s: a right
+          shift), then added: any other shift the ALU's immediate holds.
+    None: no residual."""
+    s = epi.residual_shift
+    if s is None:
+        return None
+    if 0 <= s - epi.shift <= WGT_SCALE_MAX:
+        return ("after", s - epi.shift)
+    if 0 <= s <= WGT_SCALE_MAX:
+        return ("before", s)
+    return ("region", 0)
 
 
 def check(wl: ConvWorkload, k: Knobs, epi: Epilogue, cfg: VTAConfig) -> _Geometry:
@@ -211,10 +247,18 @@ def check(wl: ConvWorkload, k: Knobs, epi: Epilogue, cfg: VTAConfig) -> _Geometr
         raise KnobError("h_nthread and oc_nthread are 1 or 2 (VTA's virtual threads)")
     if max(wl.pad_h, wl.pad_w) > 15:
         raise KnobError(f"padding {wl.pad_h}x{wl.pad_w}: a LOAD pads at most 15 per side")
+    shifts = {"shift": epi.shift, "post_shift": epi.post_shift}
+    if residual_plan(epi) == ("region", 0) and epi.residual_shift:
+        shifts["residual_shift"] = -epi.residual_shift  # its ALU shift: a negative one shifts left
+    for name, value in shifts.items():
+        lo, hi = STRICT.shr_imm
+        if not lo <= value <= hi:
+            raise KnobError(f"{name} {value}: the ALU's shift immediate holds [{lo}, {hi}]")
     lay = Layout.of(cfg)
     need = {
         "input": (g.inp_entries * g.threads, 1 << lay.inp_depth_log),
-        "weight": (g.wgt_entries * g.threads, 1 << lay.wgt_depth_log),
+        # + the residual's identity tile, shared by the threads
+        "weight": (g.wgt_entries * g.threads + g.residual, 1 << lay.wgt_depth_log),
         "accumulator": (g.acc_entries * g.threads, 1 << lay.acc_depth_log),
     }
     for name, (entries, depth) in need.items():
@@ -223,9 +267,19 @@ def check(wl: ConvWorkload, k: Knobs, epi: Epilogue, cfg: VTAConfig) -> _Geometr
                 f"the {name} tiles need {entries} entries ({g.threads} thread(s)), more than the "
                 f"{name} buffer's {depth}"
             )
+    out_n = k.tile_co * k.tile_h * k.tile_w
+    if out_n < DST_APART:
+        raise KnobError(
+            f"a tile of {out_n} accumulator(s): the pipelined GEMM needs {DST_APART} to write in turn "
+            "(VerifyDep: no micro-op writes an accumulator either of the two before it wrote)"
+        )
     uops = g.threads * (gemm_uops(wl, k) + GEMM_UOP)
-    if uops > 1 << lay.uop_depth_log:
-        raise KnobError(f"{uops} micro-ops, more than the micro-op buffer's {1 << lay.uop_depth_log}")
+    depth = min(1 << lay.uop_depth_log, STRICT.uop_depth)
+    if uops > depth:
+        raise KnobError(
+            f"{uops} micro-ops, more than the {depth} the micro-op memory holds (the buffer's "
+            f"{1 << lay.uop_depth_log}, the Chisel design's {STRICT.uop_depth})"
+        )
     return g
 
 
@@ -249,11 +303,27 @@ def knob_space(wl: ConvWorkload, cfg: VTAConfig, epi: Epilogue = Epilogue()) -> 
 
 
 def default_knobs(wl: ConvWorkload, cfg: VTAConfig, epi: Epilogue = Epilogue()) -> Knobs:
-    """The untuned config: AutoTVM's fallback for the recipe's template, every split's inner
-    factor 1 and one thread (one output pixel of one channel block per tile)."""
-    k = Knobs()
-    check(wl, k, epi, cfg)
-    return k
+    """The untuned config: the smallest tile VTA's GEMM can run, one thread. AutoTVM's fallback
+    for the recipe's template (every split's inner factor 1: one accumulator per tile) breaks
+    VerifyDep, so the tile grows to DST_APART accumulators: along its columns where a row is that
+    wide (the fewest micro-ops), else its rows, else its output channel blocks."""
+    cob = wl.out_filter // cfg.BLOCK_OUT
+    candidates = [
+        Knobs(tile_h=th, tile_w=tw, tile_co=tco)
+        for th, tw, tco in itertools.product(_divisors(wl.out_height), _divisors(wl.out_width), _divisors(cob))
+        if th * tw * tco >= DST_APART
+    ]
+    candidates.sort(key=lambda k: (k.tile_co * k.tile_h * k.tile_w, gemm_fold(k), k.tile_co, k.tile_h))
+    problem = None
+    for k in candidates:
+        try:
+            check(wl, k, epi, cfg)
+            return k
+        except KnobError as e:
+            problem = problem or e
+    if problem is None:  # no tile of DST_APART accumulators at all: check says why
+        check(wl, Knobs(), epi, cfg)
+    raise problem
 
 
 def compile_conv(wl: ConvWorkload, knobs: Knobs, epi: Epilogue, cfg: VTAConfig, dram: Dram) -> Program:
@@ -283,16 +353,21 @@ def compile_conv(wl: ConvWorkload, knobs: Knobs, epi: Epilogue, cfg: VTAConfig, 
     out_n = k.tile_co * k.tile_h * k.tile_w
     per_thread = GEMM_UOP + gemm_uops(wl, k)
     fold = gemm_fold(k)
-    uops = np.concatenate([_thread_uops(wl, k, g, epi, r) for r in range(g.threads)])
+    ident = g.threads * g.wgt_entries if g.residual else 0  # the residual's identity weight tile
+    uops = np.concatenate([_thread_uops(wl, k, g, epi, r, ident) for r in range(g.threads)])
     uaddr = dram.put(isa.encode_uops(uops[:, 0], uops[:, 1], uops[:, 2], lay))
 
     waves = _waves(g, k)
     steps = g.cib // k.tile_ci
-    n_tiles, n_steps = len(waves) * g.threads, len(waves) * g.threads * steps
+    n_tiles, n_steps = len(waves) * g.threads, len(waves) * g.threads * (steps + g.residual)
     # In program order, as VTA's fetch module dispatches it into the three modules' command
     # queues: every instruction after those whose tokens it waits for, so that no queue ever
     # has to hold more than a step's run-ahead (`simulator.HardwareRules.cmd_queue_depth`).
     stream: list[Insn] = [MemInsn(Opcode.LOAD, Mem.UOP, 0, uaddr // 4, 1, len(uops), len(uops))]
+    plan = residual_plan(epi)
+    if plan:  # 2^scale x I, loaded once: the load module runs it before any step's loads
+        eye = (np.eye(cfg.BLOCK_OUT, cfg.BLOCK_IN) * (1 << plan[1])).astype(np.int8)
+        stream.append(MemInsn(Opcode.LOAD, Mem.WGT, ident, dram.put(eye) // eye.size, 1, 1, 1))
     tile = step = 0
     for wave in waves:
         for r, _ in enumerate(wave):  # reset each thread's accumulators, once its previous tile is stored
@@ -302,7 +377,7 @@ def compile_conv(wl: ConvWorkload, knobs: Knobs, epi: Epilogue, cfg: VTAConfig, 
                     u + RESET_UOP,
                     u + RESET_UOP + 1,
                     1,
-                    out_n,
+                    out_n * (2 if g.res_region else 1),  # the residual's own accumulators follow
                     dst_factor_in=1,
                     reset=True,
                     deps=Deps(pop_next=tile + r >= g.threads),
@@ -342,7 +417,26 @@ def compile_conv(wl: ConvWorkload, knobs: Knobs, epi: Epilogue, cfg: VTAConfig, 
                 step += 1
         for r, (co, h, w) in enumerate(wave):
             acc0, u = r * g.acc_entries, r * per_thread
-            ops = _epilogue(wl, k, g, epi, base, co, h, w, acc0, u, out_n)
+            residual: list[Insn] = []
+            if g.residual:  # a step of the load -> compute handshake of its own
+                loads = _residual_loads(k, g, base["residual"], co, h, w, r * g.inp_entries)
+                loads[0] = _flag(loads[0], pop_next=step >= g.threads)
+                loads[-1] = _flag(loads[-1], push_next=True)
+                residual = loads + [
+                    GemmInsn(
+                        u + RESIDUAL_GEMM_UOP,
+                        u + RESIDUAL_GEMM_UOP + 1,
+                        k.tile_co,
+                        k.tile_h * k.tile_w,
+                        dst_factor_out=k.tile_h * k.tile_w,
+                        dst_factor_in=1,
+                        src_factor_out=k.tile_h * k.tile_w,
+                        src_factor_in=1,
+                        deps=Deps(pop_prev=True, push_prev=step < n_steps - g.threads),
+                    )
+                ]
+                step += 1
+            ops = _epilogue(k, g, epi, base, co, acc0, u, out_n, residual)
             ops[-1] = _flag(ops[-1], push_next=True)
             stream += ops
             stores = [
@@ -368,18 +462,24 @@ def compile_conv(wl: ConvWorkload, knobs: Knobs, epi: Epilogue, cfg: VTAConfig, 
 
 
 # each thread's micro-ops: the reset and the epilogue's (one each), then the GEMM's
-RESET_UOP, BIAS_UOP, RESIDUAL_UOP, RESIDUAL_SHIFT_UOP, GEMM_UOP = 0, 1, 2, 3, 4
+RESET_UOP, BIAS_UOP, RESIDUAL_UOP, RESIDUAL_SHIFT_UOP, RESIDUAL_GEMM_UOP, GEMM_UOP = range(6)
 
 
-def _thread_uops(wl: ConvWorkload, k: Knobs, g: _Geometry, epi: Epilogue, r: int) -> np.ndarray:
+def _thread_uops(wl: ConvWorkload, k: Knobs, g: _Geometry, epi: Epilogue, r: int, ident: int) -> np.ndarray:
     """(dst, src, wgt) of thread r's micro-ops, absolute SRAM indices of its copies. The GEMM's run
     over (ci, kh, kw, column), columns innermost, taking in the rows and then the channel blocks
     (`gemm_fold`) where a row is too narrow to keep consecutive writes DST_APART apart."""
     acc0, inp0, wgt0 = r * g.acc_entries, r * g.inp_entries, r * g.wgt_entries
     out_n = k.tile_co * k.tile_h * k.tile_w
-    bias0 = acc0 + out_n
-    res0 = bias0 + (k.tile_co if epi.bias else 0)
-    head = [(acc0, acc0, 0), (acc0, bias0, 0), (acc0, res0, 0), (res0, res0, 0)]
+    res0 = acc0 + out_n
+    bias0 = res0 + (out_n if g.res_region else 0)
+    head = [
+        (acc0, acc0, 0),
+        (acc0, bias0, 0),
+        (acc0, res0, 0),
+        (res0, res0, 0),
+        (res0 if g.res_region else acc0, inp0, ident),
+    ]
     fold = gemm_fold(k)
     ci, dy, dx, co, y, x = np.meshgrid(
         np.arange(k.tile_ci),
@@ -440,31 +540,49 @@ def _input_loads(wl: ConvWorkload, k: Knobs, g: _Geometry, data: int, h: int, w:
     return out
 
 
+def _residual_loads(k: Knobs, g: _Geometry, residual: int, co: int, h: int, w: int, inp0: int) -> list[Insn]:
+    """The residual of tile (co, h, w): one 2-D LOAD INP per output channel block, each block's
+    rows and columns packed one after another into the thread's input copy."""
+    tile_hw = k.tile_h * k.tile_w
+    return [
+        MemInsn(
+            Opcode.LOAD,
+            Mem.INP,
+            inp0 + c * tile_hw,
+            residual + ((co * k.tile_co + c) * g.oh + h * k.tile_h) * g.ow + w * k.tile_w,
+            k.tile_h,
+            k.tile_w,
+            g.ow,
+        )
+        for c in range(k.tile_co)
+    ]
+
+
 def _epilogue(
-    wl: ConvWorkload,
     k: Knobs,
     g: _Geometry,
     epi: Epilogue,
     base: dict[str, int],
     co: int,
-    h: int,
-    w: int,
     acc0: int,
     u: int,
     out_n: int,
+    residual: list[Insn],
 ) -> list[Insn]:
-    """The tile's epilogue on the compute module: bias and residual loaded into the thread's
-    accumulator copy, then ALU ops over the tile (one micro-op each, two loops)."""
+    """The tile's epilogue: the bias loaded into the thread's accumulator copy and added, the
+    residual's loads and GEMMs (`residual`) where `residual_plan` puts them, then ALU ops over
+    the tile (one micro-op each, two loops)."""
     ops: list[Insn] = []
     tile_hw = k.tile_h * k.tile_w
+    plan = residual_plan(epi)
 
-    def over_tile(op: AluOp, uop: int, imm: int | None = None, src_in: int = 1, n: int = out_n) -> AluInsn:
+    def over_tile(op: AluOp, uop: int, imm: int | None = None) -> AluInsn:
         return AluInsn(
-            op, u + uop, u + uop + 1, 1, n, dst_factor_in=1, src_factor_in=src_in, use_imm=imm is not None, imm=imm or 0
+            op, u + uop, u + uop + 1, 1, out_n, dst_factor_in=1, src_factor_in=1, use_imm=imm is not None, imm=imm or 0
         )
 
     if epi.bias:
-        bias0 = acc0 + out_n
+        bias0 = acc0 + out_n * (2 if g.res_region else 1)
         ops.append(MemInsn(Opcode.LOAD, Mem.ACC, bias0, base["bias"] + co * k.tile_co, 1, k.tile_co, k.tile_co))
         ops.append(
             AluInsn(
@@ -479,39 +597,19 @@ def _epilogue(
                 src_factor_in=0,
             )
         )
-    if epi.residual_shift is not None:
-        res0 = acc0 + out_n + (k.tile_co if epi.bias else 0)
-        for c in range(k.tile_co):
-            ops.append(
-                MemInsn(
-                    Opcode.LOAD,
-                    Mem.ACC_8BIT,
-                    res0 + c * tile_hw,
-                    base["residual"] + ((co * k.tile_co + c) * g.oh + h * k.tile_h) * g.ow + w * k.tile_w,
-                    k.tile_h,
-                    k.tile_w,
-                    g.ow,
-                )
-            )
+    if plan and plan[0] == "before":
+        ops += residual
+    if plan and plan[0] == "region":
+        ops += residual
         if epi.residual_shift:
-            ops.append(
-                AluInsn(
-                    AluOp.SHR,
-                    u + RESIDUAL_SHIFT_UOP,
-                    u + RESIDUAL_SHIFT_UOP + 1,
-                    1,
-                    out_n,
-                    dst_factor_in=1,
-                    src_factor_in=1,
-                    use_imm=True,
-                    imm=-epi.residual_shift,
-                )
-            )
+            ops.append(over_tile(AluOp.SHR, RESIDUAL_SHIFT_UOP, -epi.residual_shift))
         ops.append(over_tile(AluOp.ADD, RESIDUAL_UOP))
     if epi.round_add:
         ops.append(over_tile(AluOp.ADD, RESET_UOP, epi.round_add))
     if epi.shift:
         ops.append(over_tile(AluOp.SHR, RESET_UOP, epi.shift))
+    if plan and plan[0] == "after":
+        ops += residual
     if epi.post_round_add:
         ops.append(over_tile(AluOp.ADD, RESET_UOP, epi.post_round_add))
     if epi.post_shift:

@@ -33,6 +33,7 @@ from ..search.work_dir import Status, WorkDir
 from .config import VTAConfig
 from .conv import ConvWorkload, Epilogue, Knobs, check, compile_conv, default_knobs, knob_space
 from .simulator import CycleModel, Dram, Simulator, StreamError
+from .tophub import configs_for, start_knobs
 
 STRATEGIES = ("grid", "random", "xgb")
 
@@ -103,7 +104,11 @@ class KnobTuner:
         strategy: str = "xgb",
         seed: int = 0,
         batch: int = 8,
+        warm_start: bool = True,
     ):
+        """`warm_start`: measure TopHub's configs for the workload first, and start (the untuned
+        latency, `default_ms`) from the fastest of them (`tophub.start_knobs`); False starts
+        cold, from the smallest legal tile."""
         if strategy not in STRATEGIES:
             raise ValueError(f"knob search strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
         self.wl, self.epi, self.cfg, self.work_dir = wl, epi, cfg, Path(work_dir)
@@ -113,6 +118,10 @@ class KnobTuner:
         self.order = list(range(len(self.space)))
         if strategy != "grid":
             self.order = list(np.random.default_rng(seed).permutation(len(self.space)))
+        self.start, self.start_from = start_knobs(wl, cfg, epi) if warm_start else (default_knobs(wl, cfg, epi), "")
+        if warm_start:  # TopHub's measured configs first, as the recipe's tophub context began
+            first = [self.space.index(r.knobs) for r in configs_for(wl, cfg, epi) if r.knobs in self.space]
+            self.order = first + [i for i in self.order if i not in set(first)]
 
     # ---- the record --------------------------------------------------------------------------------
     def trials(self) -> list[dict[str, Any]]:
@@ -127,11 +136,22 @@ class KnobTuner:
         return Knobs(**r["knobs"]), r["latency_ms"]
 
     def default_ms(self) -> float | None:
-        """The untuned config's latency (AutoTVM's fallback), measured once and kept."""
+        """The untuned config's latency (where the untuned build starts: `self.start`), measured
+        once and kept."""
         p = self.work_dir / WorkDir.DEFAULT
         if not p.exists():
-            (m,) = self.measure([default_knobs(self.wl, self.cfg, self.epi)])
-            p.write_text(json.dumps({"ms": m.ms, "cycles": m.cycles, "error": m.error}))
+            (m,) = self.measure([self.start])
+            p.write_text(
+                json.dumps(
+                    {
+                        "ms": m.ms,
+                        "cycles": m.cycles,
+                        "error": m.error,
+                        "knobs": self.start.to_dict(),
+                        "from": self.start_from,
+                    }
+                )
+            )
         return json.loads(p.read_text())["ms"]
 
     # ---- the search --------------------------------------------------------------------------------
