@@ -416,6 +416,7 @@ def vta_tune_step(
     so a killed run goes on from them; the result (best knobs, untuned and tuned latency) is
     an artifact keyed also by the budget."""
     from .vta.remote import board_measure
+    from .vta.tophub import configs_for
     from .vta.tuner import KnobTuner
 
     config = _vta_tune_config(tune, vta, board_key)
@@ -436,6 +437,8 @@ def vta_tune_step(
             batch=tune.trials_per_batch,
         )
         default_ms = tuner.default_ms()
+        measured = configs_for(task.workload, vta, task.epilogue)  # on a Pynq, AutoTVM's epilogue
+        tophub_ms = measured[0].seconds * 1e3 if measured else None
         best = tuner.tune(tune.trials_per_task, tune.early_stopping, progress)
         if best is None:
             raise RuntimeError(f"VTA task {task.name}: no knob config ran on the board (see {work / WorkDir.TRIALS})")
@@ -449,6 +452,8 @@ def vta_tune_step(
             "best_knobs": best[0].to_dict(),
             "best_ms": best[1],
             "default_ms": default_ms,
+            "start_from": tuner.start_from,  # where the untuned config came from (TopHub or the fallback)
+            "tophub_measured_ms": tophub_ms,
             "trials": len(tuner.trials()),
             "ops": task.ops(),
         }
