@@ -157,10 +157,16 @@ def test_board_up_vta_sim_starts_servers_that_run_vtas_simulator(tmp_path):
         assert up.returncode == 0, up.stderr
         assert "VTA simulator server(s) under key 'vta-sim'" in up.stdout
         wl = ConvWorkload(1, 14, 14, 32, 32, 3, 3, 1, 1, 1, 1)
-        (m,) = board_measure(f"127.0.0.1:{port}", "vta-sim", wl, Epilogue(), VTAConfig())([Knobs()])
+        legal, one_accumulator = Knobs(tile_w=14), Knobs()
+        m, refused = board_measure(f"127.0.0.1:{port}", "vta-sim", wl, Epilogue(), VTAConfig())(
+            [legal, one_accumulator]
+        )
         assert m.cycles and m.error is None
+        assert refused.cycles is None and "VerifyDep" in refused.error  # a failed config, not a crashed session
     finally:
         subprocess.run([*cli, "down"], env=full, capture_output=True, text=True, timeout=60)
+    bad = subprocess.run([*cli, "up", "--vta-sim", "--sim-mode", "hls"], env=full, capture_output=True, text=True)
+    assert bad.returncode != 0 and "--sim-mode 'hls': strict" in bad.stdout + bad.stderr
 
 
 def test_targets_and_models_listings():

@@ -74,13 +74,15 @@ def test_the_calibration_holds_on_the_4x8_core_it_was_not_fitted_on():
 
 
 def test_every_tophub_conv_config_compiles_to_a_stream_the_hardware_runs():
-    """Resnet-18 on both cores and Resnet-50: the recipe's own tuned configs are legal for our
-    compiler and pass the hardware's rules (in-order queues, VerifyDep, the micro-op memory)."""
+    """Resnet-18 on both cores, Resnet-50 and the grouped MobileNet-G (VTA's group_conv2d_packed):
+    the recipe's own tuned configs are legal for our compiler and pass the hardware's rules
+    (in-order queues, VerifyDep, the micro-op memory)."""
+    grouped = 0
     for r in tophub.records():
-        if r.groups != 1:
-            continue
         cfg = tophub.config_of(r.vta_model)
         assert replay(cfg, r) > 0
+        grouped += r.workload.groups > 1
+    assert grouped == 9
 
 
 def test_a_tophub_config_runs_bit_exact_with_the_measured_epilogue():

@@ -205,3 +205,59 @@ def test_shift_immediates_outside_the_alus_range_are_refused_before_compiling():
         conv.check(wl, Knobs(tile_w=8), Epilogue(shift=16), CFG)
     with pytest.raises(KnobError, match=r"residual_shift 17"):
         conv.check(wl, Knobs(tile_w=8), Epilogue(residual_shift=-17), CFG)
+
+
+def _torch_conv(wl: ConvWorkload, epi: Epilogue, data, weight_oihw, bias):
+    """An independent reference: torch's grouped conv2d in float64 (exact for these sums), then the
+    epilogue, packed back into VTA's layout."""
+    import torch
+
+    cin, cout = wl.in_filter, wl.out_filter
+    x = torch.tensor(data.transpose(0, 4, 1, 5, 2, 3).reshape(1, cin, wl.height, wl.width), dtype=torch.float64)
+    acc = torch.nn.functional.conv2d(
+        x, torch.tensor(weight_oihw, dtype=torch.float64), stride=wl.stride_h, padding=wl.pad_h, groups=wl.groups
+    ).numpy()
+    acc = acc.astype(np.int64).reshape(1, cout // 16, 16, wl.out_height, wl.out_width).transpose(0, 1, 3, 4, 2)
+    acc = acc[:, :, :, :, None, :] + bias
+    return np.clip((acc + epi.round_add) >> epi.shift, epi.clip_min, epi.clip_max).astype(np.int8)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_depthwise_conv_runs_as_gemms_against_diagonal_weight_tiles_bit_exact(stride):
+    """VTA's GEMM has no per-channel product: each output block multiplies its own input block by
+    a diagonal tile per tap (mobilenet_v2's depthwise convs, packed by graph pack as OIHW16o)."""
+    wl = ConvWorkload(1, 14, 14, 64, 64, 3, 3, 1, 1, stride, stride, groups=64)
+    epi = Epilogue(bias=True, round_add=1 << 7, shift=8, clip_min=0, clip_max=127)
+    rng = np.random.default_rng(stride)
+    data = rng.integers(-127, 128, (1, 4, 14, 14, 1, 16)).astype(np.int8)
+    dw = rng.integers(-127, 128, (4, 1, 3, 3, 16)).astype(np.int8)  # OIHW16o
+    bias = rng.integers(-3000, 3000, (1, 4, 1, 1, 1, 16)).astype(np.int32)
+    ref = _torch_conv(wl, epi, data, dw.transpose(0, 4, 1, 2, 3).reshape(64, 1, 3, 3), bias)
+    space = conv.knob_space(wl, CFG, epi)
+    assert space and all(k.tile_ci == 1 and k.tile_co == 1 for k in space)  # one block a group
+    for k in [conv.default_knobs(wl, CFG, epi), space[len(space) // 2], space[-1]]:
+        dram = Dram()
+        prog = conv.compile_conv(wl, k, epi, CFG, dram)
+        t = {"data": data, "kernel": conv.depthwise_weights(dw), "bias": bias}
+        out, stats = conv.run_conv(prog, dram, Simulator(CFG), t)
+        assert np.array_equal(out, ref), k
+        assert stats.gemm_uops * 2 * 16 * 16 == wl.ops() * 16  # each block's 16 products, 15 of them zero
+
+
+def test_a_grouped_conv_whose_groups_hold_whole_blocks_is_bit_exact_and_other_groups_are_refused():
+    wl = ConvWorkload(1, 14, 14, 64, 64, 3, 3, 1, 1, 1, 1, groups=2)  # 32 channels: 2 blocks a group
+    epi = Epilogue(bias=True, round_add=1 << 7, shift=8, clip_min=0, clip_max=127)
+    rng = np.random.default_rng(0)
+    data = rng.integers(-127, 128, (1, 4, 14, 14, 1, 16)).astype(np.int8)
+    kernel = rng.integers(-127, 128, (4, 2, 3, 3, 16, 16)).astype(np.int8)  # a group's 2 input blocks
+    bias = rng.integers(-3000, 3000, (1, 4, 1, 1, 1, 16)).astype(np.int32)
+    ref = _torch_conv(wl, epi, data, kernel.transpose(0, 4, 1, 5, 2, 3).reshape(64, 32, 3, 3), bias)
+    space = conv.knob_space(wl, CFG, epi)
+    assert {k.tile_ci for k in space} == {1, 2} and {k.tile_co for k in space} == {1, 2}  # within a group
+    for k in space[:: max(len(space) // 6, 1)]:
+        dram = Dram()
+        prog = conv.compile_conv(wl, k, epi, CFG, dram)
+        out, _ = conv.run_conv(prog, dram, Simulator(CFG), {"data": data, "kernel": kernel, "bias": bias})
+        assert np.array_equal(out, ref), k
+    with pytest.raises(KnobError, match=r"groups=8 over 64 -> 64 channels: VTA runs grouped convs whose groups hold"):
+        conv.check(ConvWorkload(1, 14, 14, 64, 64, 3, 3, 1, 1, 1, 1, groups=8), Knobs(tile_w=7), epi, CFG)

@@ -356,3 +356,21 @@ def test_two_virtual_threads_hide_the_loads_behind_compute():
     assert one.cycles >= one.busy["load"] + one.busy["compute"] - 2 * 16  # one module waits for the other
     # the shorter module's time (here compute's) mostly hidden behind the longer one's
     assert one.cycles - two.cycles > 0.5 * min(one.busy["compute"], one.busy["load"]), (one.cycles, two.cycles)
+
+
+def test_a_boards_sim_mode_sets_what_its_simulators_enforce():
+    """`rpc_server --sim-mode fsim` (`board up --vta-sim --sim-mode fsim`): the board's programs run
+    under fsim's rules only; strict, the default, under the hardware's."""
+    from vta_pipeline.vta import runtime
+    from vta_pipeline.vta.conv import ConvWorkload, Epilogue, Knobs
+    from vta_pipeline.vta.runtime import ConvSpec
+    from vta_pipeline.vta.simulator import SIM_MODES
+
+    spec = ConvSpec(CFG.model_dump(), ConvWorkload(1, 8, 8, 16, 16, 1, 1, 0, 0, 1, 1), Epilogue(), Knobs(tile_w=8))
+    assert runtime.rules() is STRICT and runtime._get(spec.to_json()).sim.rules is STRICT
+    try:
+        runtime.set_rules(SIM_MODES["fsim"])
+        assert runtime._get(spec.to_json()).sim.rules is FSIM and runtime._get(spec.to_json()).timing.rules is FSIM
+    finally:
+        runtime.set_rules(STRICT)
+    assert runtime._get(spec.to_json()).sim.rules is STRICT

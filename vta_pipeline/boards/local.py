@@ -74,6 +74,7 @@ class LocalBoard:
     threads: int | None = None
     # the server program: TVM's, or one that registers more functions (the VTA simulator board's)
     server_module: str = "vta_pipeline.boards.server"
+    server_args: tuple[str, ...] = ()  # more arguments of the server program (the VTA board's --sim-mode)
     procs: list[subprocess.Popen] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
 
@@ -244,6 +245,7 @@ class LocalBoard:
                 str(first),
                 "--port-end",
                 str(min(first + SERVER_PORT_RANGE, 65536)),
+                *self.server_args,
             ],
             f"server{i}",
         )

@@ -33,6 +33,14 @@ def board_up(
             "registered, which runs the offloaded convs and times them in simulated cycles.",
         ),
     ] = False,
+    sim_mode: Annotated[
+        str,
+        typer.Option(
+            help="With --vta-sim: strict runs every stream under VTA's hardware rules (in-order command queues, "
+            "VerifyDep, no ACC_8BIT, the shift range, the micro-op memory); fsim runs what VTA's functional "
+            "simulator runs, for comparisons (give it a key of its own).",
+        ),
+    ] = "strict",
     servers: Annotated[
         int,
         typer.Option(
@@ -54,6 +62,8 @@ def board_up(
 
     if key is not None and board_key_problem(key):
         _fail(board_key_problem(key))
+    if sim_mode not in ("strict", "fsim"):
+        _fail(f"--sim-mode {sim_mode!r}: strict (VTA's hardware rules) or fsim (VTA's functional simulator)")
     if BOARD_STATE.exists():
         _fail(f"a local board is already recorded in {BOARD_STATE}: run `vta-pipeline board down` first")
     key = key or ("vta-sim" if vta_sim else "host")
@@ -68,6 +78,7 @@ def board_up(
             detached=True,
             threads=threads,
             server_module=module,
+            server_args=("--sim-mode", sim_mode) if vta_sim else (),
         ).start()
     )
     kind = "VTA simulator " if vta_sim else ""

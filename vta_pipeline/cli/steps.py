@@ -69,7 +69,7 @@ def tasks_cmd(
             for h in ("task", "convs", "GOPs", *WORKLOAD_FIELDS):
                 vt.add_column(h)
             for t in vta_tasks:
-                wl = (str(v) for v in t.workload.__dict__.values())
+                wl = (str(v) for v in list(t.workload.__dict__.values())[: len(WORKLOAD_FIELDS)])  # groups: the name
                 vt.add_row(t.name, str(t.count), f"{t.ops() / 1e9:.3f}", *wl)
             console.print(vt)
 

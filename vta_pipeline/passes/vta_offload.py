@@ -13,9 +13,11 @@ else. The chain our quantize pass emits:
 A residual added after the shift is added before it, shifted left by it: `(a + (r << s)) >> s`
 is `(a >> s) + r` for an arithmetic shift, exactly. A ReLU becomes the clip's lower bound 0: it
 commutes with the rounding shift (the rounding add is below 2^shift), not with a residual add,
-so a ReLU before a residual leaves the conv on the CPU. Anything else (another reader of the
-accumulator, a non-constant weight, a grouped or dilated conv) leaves it on the CPU too, and
-`offload_convs` says why for each.
+so a ReLU before a residual leaves the conv on the CPU. A depthwise conv (graph pack's
+`OIHW{bo}o` kernel) runs as one GEMM per output block against diagonal weight tiles
+(`conv.depthwise_weights`), a grouped conv whose groups hold whole blocks as VTA's
+`group_conv2d_packed`. Anything else (another reader of the accumulator, a non-constant weight,
+other groups, a dilated conv) leaves it on the CPU too, and `offload_convs` says why for each.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import tvm
 from tvm import relax
 
 from ..vta.config import VTAConfig
-from ..vta.conv import ConvWorkload, Epilogue, KnobError, Knobs
+from ..vta.conv import ConvWorkload, Epilogue, KnobError, Knobs, depthwise_weights
 from ..vta.runtime import CONV2D, ConvSpec
 from ..vta.simulator import CycleModel
 from .graph import Const, Rebuilder, const_value, dtype_of, main_bindings, op_name, shape_of
@@ -94,20 +96,31 @@ def _match_conv(scan: _Scan, var: relax.Var, call: relax.Call, cfg: VTAConfig) -
     a = call.attrs
     b, bi, bo = cfg.BATCH, cfg.BLOCK_IN, cfg.BLOCK_OUT
     data, weight = call.args
-    if (a.data_layout, a.kernel_layout) != (f"NCHW{b}n{bi}c", f"OIHW{bo}o{bi}i"):
+    depthwise = str(a.kernel_layout) == f"OIHW{bo}o"  # graph pack's depthwise kernel: one weight per channel
+    if (a.data_layout, a.kernel_layout) not in (
+        (f"NCHW{b}n{bi}c", f"OIHW{bo}o{bi}i"),
+        (f"NCHW{b}n{bi}c", f"OIHW{bo}o"),
+    ):
         return f"layout {a.data_layout}/{a.kernel_layout}, not VTA's NCHW{b}n{bi}c/OIHW{bo}o{bi}i"
     if (dtype_of(data), dtype_of(weight), str(a.out_dtype)) != ("int8", "int8", "int32"):
         return f"types {dtype_of(data)} x {dtype_of(weight)} -> {a.out_dtype}, not int8 x int8 -> int32"
-    if int(a.groups) != 1 or any(int(d) != 1 for d in a.dilation):
-        return "grouped or dilated"
+    if any(int(d) != 1 for d in a.dilation):
+        return "dilated"
     if not isinstance(weight, Const):
         return "its weights are not a constant"
     pad = [int(p) for p in a.padding]
     if pad[0] != pad[2] or pad[1] != pad[3]:
         return f"asymmetric padding {pad}"
     n, cib, h, w, _, _ = shape_of(data)
-    cob, _, kh, kw, _, _ = const_value(weight).shape
-    wl = ConvWorkload(n * b, h, w, cib * bi, cob * bo, kh, kw, pad[0], pad[1], int(a.strides[0]), int(a.strides[1]))
+    kernel = const_value(weight)
+    if depthwise:  # VTA multiplies blocks: each channel's weight on a diagonal tile
+        kernel = depthwise_weights(kernel)
+    cob, _, kh, kw, _, _ = kernel.shape
+    wl = ConvWorkload(
+        n * b, h, w, cib * bi, cob * bo, kh, kw, pad[0], pad[1], int(a.strides[0]), int(a.strides[1]), int(a.groups)
+    )
+    if not wl.block_groups(bi):
+        return f"groups={wl.groups}: VTA runs grouped convs whose groups hold whole blocks of {bi}, and depthwise convs"
 
     epi: dict[str, Any] = {"bias": False, "round_add": 0, "shift": 0, "clip_min": -128, "clip_max": 127}
     bias = residual = None
@@ -172,7 +185,7 @@ def _match_conv(scan: _Scan, var: relax.Var, call: relax.Call, cfg: VTAConfig) -
         for r, sh in ((epi["round_add"], epi["shift"]), (epi.get("post_round_add", 0), epi.get("post_shift", 0))):
             if not 0 <= r < (1 << sh) and (r or sh):
                 return f"a ReLU before a rounding add {r} not in [0, 2^{sh})"
-    return _Match(last, data, const_value(weight), bias, residual, wl, Epilogue(**epi))
+    return _Match(last, data, kernel, bias, residual, wl, Epilogue(**epi))
 
 
 def offload_convs(

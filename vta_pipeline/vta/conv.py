@@ -69,6 +69,7 @@ class ConvWorkload:
     pad_w: int
     stride_h: int
     stride_w: int
+    groups: int = 1  # as TVM counts them: in_filter / groups input channels per group
 
     @property
     def out_height(self) -> int:
@@ -79,8 +80,27 @@ class ConvWorkload:
         return (self.width + 2 * self.pad_w - self.kw) // self.stride_w + 1
 
     def ops(self) -> int:
-        """Multiply-adds x 2."""
-        return 2 * self.batch * self.out_filter * self.out_height * self.out_width * self.in_filter * self.kh * self.kw
+        """Multiply-adds x 2 (the conv's own: a depthwise conv's GEMMs do BLOCK_IN times more)."""
+        return (
+            2 * self.batch * self.out_filter * self.out_height * self.out_width
+            * (self.in_filter // self.groups) * self.kh * self.kw
+        )  # fmt: skip
+
+    @property
+    def depthwise(self) -> bool:
+        return self.groups > 1 and self.groups == self.in_filter == self.out_filter
+
+    def block_groups(self, block: int) -> int:
+        """The groups of channel blocks VTA's GEMM runs apart: a grouped conv's groups where each
+        holds whole blocks (VTA's `group_conv2d_packed`), a depthwise conv's output blocks, each a
+        GEMM against a diagonal weight tile (`depthwise_weights`); 0 where neither fits."""
+        if self.groups == 1:
+            return 1
+        if self.depthwise and self.in_filter % block == 0:
+            return self.in_filter // block
+        if (self.in_filter // self.groups) % block == 0 and (self.out_filter // self.groups) % block == 0:
+            return self.groups
+        return 0
 
 
 @dataclass(frozen=True)
@@ -161,6 +181,8 @@ def gemm_uops(wl: ConvWorkload, k: Knobs) -> int:
 class _Geometry:
     cib: int  # input channel blocks
     cob: int  # output channel blocks
+    cib_g: int  # of a block group (`ConvWorkload.block_groups`): the reduction's extent
+    cob_g: int
     oh: int
     ow: int
     ih: int  # input rows of an output tile
@@ -175,6 +197,7 @@ class _Geometry:
 
 def _geometry(wl: ConvWorkload, k: Knobs, epi: Epilogue, cfg: VTAConfig) -> _Geometry:
     cib, cob = wl.in_filter // cfg.BLOCK_IN, wl.out_filter // cfg.BLOCK_OUT
+    groups = wl.block_groups(cfg.BLOCK_IN) or 1
     ih = (k.tile_h - 1) * wl.stride_h + wl.kh
     iw = (k.tile_w - 1) * wl.stride_w + wl.kw
     out_entries = k.tile_co * k.tile_h * k.tile_w
@@ -187,6 +210,8 @@ def _geometry(wl: ConvWorkload, k: Knobs, epi: Epilogue, cfg: VTAConfig) -> _Geo
     return _Geometry(
         cib,
         cob,
+        cib // groups,
+        cob // groups,
         wl.out_height,
         wl.out_width,
         ih,
@@ -233,12 +258,18 @@ def check(wl: ConvWorkload, k: Knobs, epi: Epilogue, cfg: VTAConfig) -> _Geometr
             f"channels {wl.in_filter} -> {wl.out_filter} are not multiples of the block "
             f"{cfg.BLOCK_IN}: graph pack keeps such convs on the CPU"
         )
+    if not wl.block_groups(cfg.BLOCK_IN):
+        raise KnobError(
+            f"groups={wl.groups} over {wl.in_filter} -> {wl.out_filter} channels: VTA runs grouped convs whose "
+            f"groups hold whole blocks of {cfg.BLOCK_IN} channels, and depthwise convs"
+        )
     g = _geometry(wl, k, epi, cfg)
     splits = {
         "tile_h": (k.tile_h * k.h_nthread, g.oh),
         "tile_w": (k.tile_w, g.ow),
-        "tile_ci": (k.tile_ci, g.cib),
-        "tile_co": (k.tile_co * k.oc_nthread, g.cob),
+        "tile_ci": (k.tile_ci, g.cib_g),
+        "tile_co": (k.tile_co, g.cob_g),  # a tile stays within its group
+        "tile_co x oc_nthread": (k.tile_co * k.oc_nthread, g.cob),
     }
     for name, (size, extent) in splits.items():
         if extent % size:
@@ -285,13 +316,14 @@ def check(wl: ConvWorkload, k: Knobs, epi: Epilogue, cfg: VTAConfig) -> _Geometr
 
 def knob_space(wl: ConvWorkload, cfg: VTAConfig, epi: Epilogue = Epilogue()) -> list[Knobs]:
     """Every config of the recipe's knobs (exact divisors) that fits VTA's buffers."""
-    cib, cob = wl.in_filter // cfg.BLOCK_IN, wl.out_filter // cfg.BLOCK_OUT
+    groups = wl.block_groups(cfg.BLOCK_IN) or 1
+    cib, cob = wl.in_filter // cfg.BLOCK_IN // groups, wl.out_filter // cfg.BLOCK_OUT  # a group's input blocks
     out = []
     for hn, on in itertools.product((1, 2), (1, 2)):
         if wl.out_height % hn or cob % on:
             continue
         for th, tw, tci, tco in itertools.product(
-            _divisors(wl.out_height // hn), _divisors(wl.out_width), _divisors(cib), _divisors(cob // on)
+            _divisors(wl.out_height // hn), _divisors(wl.out_width), _divisors(cib), _divisors(cob // groups)
         ):
             k = Knobs(1, th, tw, tci, tco, hn, on)
             try:
@@ -307,7 +339,7 @@ def default_knobs(wl: ConvWorkload, cfg: VTAConfig, epi: Epilogue = Epilogue()) 
     for the recipe's template (every split's inner factor 1: one accumulator per tile) breaks
     VerifyDep, so the tile grows to DST_APART accumulators: along its columns where a row is that
     wide (the fewest micro-ops), else its rows, else its output channel blocks."""
-    cob = wl.out_filter // cfg.BLOCK_OUT
+    cob = wl.out_filter // cfg.BLOCK_OUT // (wl.block_groups(cfg.BLOCK_IN) or 1)  # a group's
     candidates = [
         Knobs(tile_h=th, tile_w=tw, tile_co=tco)
         for th, tw, tco in itertools.product(_divisors(wl.out_height), _divisors(wl.out_width), _divisors(cob))
@@ -339,7 +371,7 @@ def compile_conv(wl: ConvWorkload, knobs: Knobs, epi: Epilogue, cfg: VTAConfig, 
         )
     shapes = {
         "data": ((1, g.cib, wl.height, wl.width, b, bi), "int8"),
-        "kernel": ((g.cob, g.cib, wl.kh, wl.kw, bo, bi), "int8"),
+        "kernel": ((g.cob, g.cib_g, wl.kh, wl.kw, bo, bi), "int8"),
         "output": ((1, g.cob, g.oh, g.ow, b, bo), "int8"),
     }
     if epi.bias:
@@ -358,7 +390,7 @@ def compile_conv(wl: ConvWorkload, knobs: Knobs, epi: Epilogue, cfg: VTAConfig, 
     uaddr = dram.put(isa.encode_uops(uops[:, 0], uops[:, 1], uops[:, 2], lay))
 
     waves = _waves(g, k)
-    steps = g.cib // k.tile_ci
+    steps = g.cib_g // k.tile_ci
     n_tiles, n_steps = len(waves) * g.threads, len(waves) * g.threads * (steps + g.residual)
     # In program order, as VTA's fetch module dispatches it into the three modules' command
     # queues: every instruction after those whose tokens it waits for, so that no queue ever
@@ -386,15 +418,16 @@ def compile_conv(wl: ConvWorkload, knobs: Knobs, epi: Epilogue, cfg: VTAConfig, 
         for j in range(steps):
             for r, (co, h, w) in enumerate(wave):
                 inp0, wgt0, u = r * g.inp_entries, r * g.wgt_entries, r * per_thread
-                loads = _input_loads(wl, k, g, base["data"], h, w, j, inp0) + [
+                ci0 = co * k.tile_co // g.cob_g * g.cib_g + j * k.tile_ci  # the tile's group's blocks
+                loads = _input_loads(wl, k, g, base["data"], h, w, ci0, inp0) + [
                     MemInsn(
                         Opcode.LOAD,
                         Mem.WGT,
                         wgt0,
-                        base["kernel"] + (co * k.tile_co * g.cib + j * k.tile_ci) * wl.kh * wl.kw,
+                        base["kernel"] + (co * k.tile_co * g.cib_g + j * k.tile_ci) * wl.kh * wl.kw,
                         k.tile_co,
                         k.tile_ci * wl.kh * wl.kw,
-                        g.cib * wl.kh * wl.kw,
+                        g.cib_g * wl.kh * wl.kw,
                     )
                 ]
                 loads[0] = _flag(loads[0], pop_next=step >= g.threads)  # that copy's last reader is done
@@ -513,15 +546,17 @@ def _flag(insn: Insn, **flags: bool) -> Insn:
     return replace(insn, deps=replace(insn.deps, **{f: getattr(insn.deps, f) or v for f, v in flags.items()}))
 
 
-def _input_loads(wl: ConvWorkload, k: Knobs, g: _Geometry, data: int, h: int, w: int, j: int, inp0: int) -> list[Insn]:
-    """One 2-D LOAD per input channel block of reduction step j: the window of rows and columns
-    the output tile (h, w) reads, zero-padded where it falls outside the image."""
+def _input_loads(
+    wl: ConvWorkload, k: Knobs, g: _Geometry, data: int, h: int, w: int, ci0: int, inp0: int
+) -> list[Insn]:
+    """One 2-D LOAD per input channel block of a reduction step (from block ci0): the window of
+    rows and columns the output tile (h, w) reads, zero-padded where it falls outside the image."""
     r0, c0 = h * k.tile_h * wl.stride_h - wl.pad_h, w * k.tile_w * wl.stride_w - wl.pad_w
     r_lo, r_hi = max(r0, 0), min(r0 + g.ih, wl.height)
     c_lo, c_hi = max(c0, 0), min(c0 + g.iw, wl.width)
     out: list[Insn] = []
     for c in range(k.tile_ci):
-        ci = j * k.tile_ci + c
+        ci = ci0 + c
         out.append(
             MemInsn(
                 Opcode.LOAD,
@@ -628,11 +663,14 @@ def reference(
     bias: np.ndarray | None = None,
     residual: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The packed conv and its epilogue in numpy integers (int64): what VTA must produce."""
+    """The packed conv and its epilogue in numpy integers (int64): what VTA must produce. A
+    grouped conv's kernel holds its group's input blocks (`(cob, cib / groups, kh, kw, bo, bi)`,
+    a depthwise conv's the diagonal tiles of `depthwise_weights`)."""
     n, cib, hh, ww, bb, bi = data.shape
     x = data.transpose(0, 4, 1, 5, 2, 3).reshape(n * bb, cib * bi, hh, ww).astype(np.int64)
-    cob, _, kh, kw, bo, _ = kernel.shape
-    wt = kernel.transpose(0, 4, 1, 5, 2, 3).reshape(cob * bo, cib * bi, kh, kw).astype(np.int64)
+    cob, cib_g, kh, kw, bo, _ = kernel.shape
+    groups = cib // cib_g
+    wt = kernel.transpose(0, 4, 1, 5, 2, 3).reshape(cob * bo, cib_g * bi, kh, kw).astype(np.int64)
     xp = np.pad(x, ((0, 0), (0, 0), (wl.pad_h, wl.pad_h), (wl.pad_w, wl.pad_w)))
     oh, ow = wl.out_height, wl.out_width
     acc = np.zeros((n * bb, cob * bo, oh, ow), np.float64)  # exact: |sums| < 2^53
@@ -645,7 +683,11 @@ def reference(
                 dy : dy + (oh - 1) * wl.stride_h + 1 : wl.stride_h,
                 dx : dx + (ow - 1) * wl.stride_w + 1 : wl.stride_w,
             ]
-            acc += np.tensordot(wf[:, :, dy, dx], win, axes=([1], [1])).transpose(1, 0, 2, 3)
+            ci, co = cib_g * bi, cob * bo // groups  # a group's channels
+            for grp in range(groups):
+                acc[:, grp * co : (grp + 1) * co] += np.tensordot(
+                    wf[grp * co : (grp + 1) * co, :, dy, dx], win[:, grp * ci : (grp + 1) * ci], axes=([1], [1])
+                ).transpose(1, 0, 2, 3)
     acc = acc.astype(np.int64)
     acc = acc.reshape(n, bb, cob, bo, oh, ow).transpose(0, 2, 4, 5, 1, 3)  # packed
     acc = ((acc + (1 << 31)) % (1 << 32)) - (1 << 31)  # int32 accumulators wrap
@@ -657,6 +699,17 @@ def reference(
     acc = (acc + epi.round_add) >> epi.shift
     acc = (acc + epi.post_round_add) >> epi.post_shift
     return np.clip(acc, epi.clip_min, epi.clip_max).astype(np.int8)
+
+
+def depthwise_weights(kernel: np.ndarray) -> np.ndarray:
+    """A packed depthwise kernel (`OIHW{bo}o`: cob x 1 x kh x kw x bo) as the GEMM's weight tiles:
+    one bo x bo diagonal tile per output block and tap, each channel's weight on the diagonal
+    (VTA's GEMM has no per-channel product; the other BLOCK_IN - 1 products of a row are zeros)."""
+    cob, _, kh, kw, bo = kernel.shape
+    out = np.zeros((cob, 1, kh, kw, bo, bo), kernel.dtype)
+    idx = np.arange(bo)
+    out[..., idx, idx] = kernel
+    return out
 
 
 def run_conv(prog: Program, dram: Dram, sim: Simulator, tensors: dict[str, np.ndarray]) -> tuple[np.ndarray, Stats]:

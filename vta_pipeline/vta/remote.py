@@ -16,6 +16,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from . import runtime
 from .config import VTAConfig
 from .conv import ConvWorkload, Epilogue, Knobs
 from .simulator import CycleModel
@@ -28,7 +29,11 @@ def _measure(request: str) -> str:
     req = json.loads(request)
     cfg = VTAConfig(**req["vta"])
     measure = local_measure(
-        ConvWorkload(**req["workload"]), Epilogue(**req["epilogue"]), cfg, CycleModel(**req.get("cycle_model", {}))
+        ConvWorkload(**req["workload"]),
+        Epilogue(**req["epilogue"]),
+        cfg,
+        CycleModel(**req.get("cycle_model", {})),
+        runtime.rules(),
     )
     return json.dumps([asdict(m) for m in measure([Knobs(**k) for k in req["knobs"]])])
 
@@ -36,8 +41,6 @@ def _measure(request: str) -> str:
 def register() -> None:
     """Register the board's functions in this process (idempotent)."""
     import tvm_ffi
-
-    from . import runtime
 
     tvm_ffi.register_global_func(MEASURE, _measure, override=True)
     runtime.register()  # what offloaded networks call

@@ -32,7 +32,7 @@ import numpy as np
 
 from .config import VTAConfig
 from .conv import ConvWorkload, Epilogue, Knobs, Program, compile_conv, run_conv
-from .simulator import CycleModel, Dram, Simulator
+from .simulator import STRICT, CycleModel, Dram, HardwareRules, Simulator
 
 CONV2D = "vta_pipeline.vta.conv2d"
 COUNTERS = "vta_pipeline.vta.counters"
@@ -97,6 +97,18 @@ class _Compiled:
 _compiled: dict[str, _Compiled] = {}
 _lock = threading.Lock()
 _functional = True
+_rules: HardwareRules | None = STRICT  # the board's `--sim-mode`: the hardware's rules, or fsim's
+
+
+def set_rules(rules: HardwareRules | None) -> None:
+    """What this process's simulators enforce (the board's `--sim-mode`; before any session)."""
+    global _rules
+    _rules = rules
+    _compiled.clear()
+
+
+def rules() -> HardwareRules | None:
+    return _rules
 
 
 def _get(spec_json: str) -> _Compiled:
@@ -111,8 +123,8 @@ def _get(spec_json: str) -> _Compiled:
                 spec,
                 compile_conv(spec.workload, spec.knobs, spec.epilogue, cfg, dram),
                 dram,
-                Simulator(cfg, spec.cycle_model),
-                Simulator(cfg, spec.cycle_model, functional=False),
+                Simulator(cfg, spec.cycle_model, rules=_rules),
+                Simulator(cfg, spec.cycle_model, functional=False, rules=_rules),
             )
     return c
 

@@ -100,6 +100,7 @@ class HardwareRules:
 
 STRICT = HardwareRules()
 FSIM = None  # no rules beyond fsim's own (`--sim-mode fsim`)
+SIM_MODES: dict[str, HardwareRules | None] = {"strict": STRICT, "fsim": FSIM}
 
 
 @dataclass(frozen=True)

@@ -61,9 +61,10 @@ class VtaTask:
         extras = "".join(
             c for c, on in (("b", self.epilogue.bias), ("r", self.epilogue.residual_shift is not None)) if on
         )
+        kind = "dw" if w.depthwise else (f"g{w.groups}" if w.groups > 1 else "")
         return (
             f"vta_conv2d_{w.height}x{w.width}_{w.in_filter}_{w.out_filter}_k{w.kh}x{w.kw}"
-            f"_s{w.stride_h}{'_' + extras if extras else ''}"
+            f"_s{w.stride_h}{'_' + kind if kind else ''}{'_' + extras if extras else ''}"
         )
 
     def ops(self) -> int:

@@ -116,6 +116,7 @@ def _record(network: str, line: str) -> TophubRecord:
         pad_w=padding[1],
         stride_h=strides[0],
         stride_w=strides[1],
+        groups=groups,
     )
     return TophubRecord(network, model, wl, groups, _knobs(config["e"]), float(rec["r"][0][0]))
 
@@ -146,7 +147,7 @@ def configs_for(wl: ConvWorkload, cfg: VTAConfig, epi: Epilogue) -> list[TophubR
 
     found = []
     for r in records():
-        if r.groups != 1 or r.workload != wl or r.vta_model != vta_model(cfg):
+        if r.workload != wl or r.vta_model != vta_model(cfg):
             continue
         try:
             check(wl, r.knobs, epi, cfg)

@@ -31,8 +31,8 @@ import numpy as np
 from ..search import trial_log
 from ..search.work_dir import Status, WorkDir
 from .config import VTAConfig
-from .conv import ConvWorkload, Epilogue, Knobs, check, compile_conv, default_knobs, knob_space
-from .simulator import CycleModel, Dram, Simulator, StreamError
+from .conv import ConvWorkload, Epilogue, KnobError, Knobs, check, compile_conv, default_knobs, knob_space
+from .simulator import STRICT, CycleModel, Dram, HardwareRules, Simulator, StreamError
 from .tophub import configs_for, start_knobs
 
 STRATEGIES = ("grid", "random", "xgb")
@@ -48,9 +48,16 @@ class Measurement:
 Measure = Callable[[list[Knobs]], list[Measurement]]
 
 
-def local_measure(wl: ConvWorkload, epi: Epilogue, cfg: VTAConfig, model: CycleModel | None = None) -> Measure:
+def local_measure(
+    wl: ConvWorkload,
+    epi: Epilogue,
+    cfg: VTAConfig,
+    model: CycleModel | None = None,
+    rules: HardwareRules | None = STRICT,
+) -> Measure:
     """Measure configs on an in-process simulator (timing only: the cycles do not depend on the
-    values). A config whose stream fails is an error measurement, not an exception."""
+    values) under `rules`. A config whose stream fails (a rule it breaks, a deadlock) is an error
+    measurement, not an exception."""
     model = model or CycleModel()
 
     def measure(batch: list[Knobs]) -> list[Measurement]:
@@ -59,9 +66,9 @@ def local_measure(wl: ConvWorkload, epi: Epilogue, cfg: VTAConfig, model: CycleM
             try:
                 dram = Dram()
                 prog = compile_conv(wl, k, epi, cfg, dram)
-                stats = Simulator(cfg, model, functional=False).run(prog.instructions, dram)
+                stats = Simulator(cfg, model, functional=False, rules=rules).run(prog.instructions, dram)
                 out.append(Measurement(stats.cycles, stats.cycles / model.clock_hz * 1e3))
-            except StreamError as e:
+            except (StreamError, KnobError) as e:  # a rule the stream breaks, a config that cannot be one
                 out.append(Measurement(None, None, str(e)))
         return out
 
