@@ -126,6 +126,7 @@ def _match_conv(scan: _Scan, var: relax.Var, call: relax.Call, cfg: VTAConfig) -
     bias = residual = None
     relu = False  # seen: nothing it does not commute with may follow
     clipped: set[str] = set()
+    pre: dict[str, int] = {}  # a clip before the shift (`chain` below)
     # where in VTA's epilogue the chain is: each operator must come at or after the last one's place
     BIAS, ROUND, SHIFT, RESIDUAL, POST_ROUND, POST_SHIFT, CLIP = range(7)
     stage = BIAS
@@ -169,6 +170,10 @@ def _match_conv(scan: _Scan, var: relax.Var, call: relax.Call, cfg: VTAConfig) -
                 return "a ReLU before its residual add (VTA's epilogue clips after it)"
             residual = cast.args[0]
             epi["residual_shift"], stage = epi["shift"], POST_ROUND
+        elif op in ("minimum", "maximum") and k is not None and stage <= SHIFT and residual is None:
+            # a clip at the accumulator's scale (ReLU6 before the requantize): the rest of the
+            # chain is monotone, so it clips the result at the bounds the chain maps it to
+            pre[op] = min(pre.get(op, k), k) if op == "minimum" else max(pre.get(op, k), k)
         elif op == "minimum" and k is not None:
             epi["clip_max"], stage = min(epi["clip_max"], k), CLIP
             clipped.add("max")
@@ -180,6 +185,18 @@ def _match_conv(scan: _Scan, var: relax.Var, call: relax.Call, cfg: VTAConfig) -
         cur = nxt.var
     if clipped != {"min", "max"}:
         return "no clip to int8 before its cast (VTA's epilogue clips, the cast would wrap)"
+    if pre:
+        if epi.get("residual_shift") is not None:
+            return "a clip before its residual add (VTA's epilogue clips after it)"
+
+        def chain(v: int) -> int:  # the requantize, as VTA's ALU runs it: monotone in v
+            v = (v + epi["round_add"]) >> epi["shift"]
+            return (v + epi.get("post_round_add", 0)) >> epi.get("post_shift", 0)
+
+        if "minimum" in pre:
+            epi["clip_max"] = min(epi["clip_max"], chain(pre["minimum"]))
+        if "maximum" in pre:
+            epi["clip_min"] = max(epi["clip_min"], chain(pre["maximum"]))
     if relu:
         epi["clip_min"] = max(epi["clip_min"], 0)
         for r, sh in ((epi["round_add"], epi["shift"]), (epi.get("post_round_add", 0), epi.get("post_shift", 0))):
