@@ -1,7 +1,8 @@
 """Our VTA streams against the hardware's rules: which compiled convs a VTA bitstream would run.
 
-For each of the recipe's resnet18 conv workloads, with the plain epilogue (bias, requantize,
-ReLU) and, for the workloads resnet's residual convs have, with the residual epilogue: the
+For each conv workload of resnet18 and of mobilenet_v2's packed region (its depthwise convs
+included), with the plain epilogue (bias, requantize, ReLU) and, for the workloads whose convs
+add a residual, with the residual epilogue: the
 untuned config and every config of the knob space (or `--sample` of them), compiled and run
 under the simulator's hardware rules (`simulator.STRICT`: in-order dispatch into 512-entry
 command queues, no ACC_8BIT load, VerifyDep, the shift range, the Chisel micro-op memory).
@@ -21,7 +22,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from benchmarks.lib.vta import EPILOGUE, RESIDUAL_EPILOGUE, RESNET18
+from benchmarks.lib.vta import EPILOGUE, MOBILENET_V2, RESIDUAL_EPILOGUE, RESNET18
 from vta_pipeline.boards import machine
 from vta_pipeline.vta import conv
 from vta_pipeline.vta.config import VTAConfig
@@ -62,9 +63,10 @@ def main() -> None:
     args = ap.parse_args()
     cfg, rng, t0 = VTAConfig(), random.Random(args.seed), time.time()
     rows = []
-    for spec in RESNET18:
+    workloads = [("resnet18", spec, spec[5] == 3 and spec[9] == 1) for spec in RESNET18]  # residual: 3x3 s1
+    workloads += [("mobilenet_v2", spec, residual) for spec, residual in MOBILENET_V2]
+    for network, spec, residual in workloads:
         wl = ConvWorkload(*spec)
-        residual = wl.stride_h == 1 and wl.kh == 3  # resnet's residual convs: the 3x3 stride-1 ones
         for name, epi in [("plain", EPILOGUE)] + ([("residual", RESIDUAL_EPILOGUE)] if residual else []):
             space = conv.knob_space(wl, cfg, epi)
             picked = space if not args.sample or len(space) <= args.sample else rng.sample(space, args.sample)
@@ -72,7 +74,8 @@ def main() -> None:
             counts = Counter(verdict(wl, k, epi, cfg) for k in picked)
             rows.append(
                 {
-                    "workload": "x".join(map(str, spec[1:7])),
+                    "network": network,
+                    "workload": "x".join(map(str, spec[1:7])) + (f" g{wl.groups}" if wl.groups > 1 else ""),
                     "epilogue": name,
                     "untuned": default,
                     "configs": len(picked),
@@ -99,10 +102,10 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "vta_strict.json").write_text(json.dumps(res, indent=1))
         lines = [
-            "| workload (H W Ci Co kh kw) | epilogue | untuned | configs passing | broken by |",
-            "|---|---|---|---|---|",
+            "| network | workload (H W Ci Co kh kw) | epilogue | untuned | configs passing | broken by |",
+            "|---|---|---|---|---|---|",
             *(
-                f"| {r['workload']} | {r['epilogue']} | {r['untuned']} | {r['passes']} of {r['configs']} "
+                f"| {r['network']} | {r['workload']} | {r['epilogue']} | {r['untuned']} | {r['passes']} of {r['configs']} "
                 f"(space {r['space']}) | {', '.join(f'{k} {v}' for k, v in r['broken'].items()) or '-'} |"
                 for r in rows
             ),

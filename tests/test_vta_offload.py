@@ -222,3 +222,39 @@ def test_every_packed_conv_of_resnet18_runs_on_vta_and_the_network_is_bit_exact(
     runtime.register()
     x = np.load(packed.path / "reference.npz")["input"]
     assert np.array_equal(_run_local(offloaded, x), _run_local(mod, x))
+
+
+def test_a_depthwise_conv_with_relu6_before_its_requantize_is_offloaded_and_stays_bit_exact():
+    """mobilenet_v2's pattern: a depthwise conv (graph pack's OIHW16o kernel), its bias, ReLU6 at
+    the accumulator's scale, then the requantize. The clip folds into the epilogue's final clip
+    through the monotone requantize; the depthwise conv runs as GEMMs on diagonal tiles."""
+    rng = np.random.default_rng(2)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, 2, 8, 8, 1, 16], "int8"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            acc = bb.emit(
+                relax.op.nn.conv2d(
+                    x,
+                    relax.const(rng.integers(-64, 64, (2, 1, 3, 3, 16)).astype("int8")),
+                    strides=[2, 2],
+                    padding=[1, 1],
+                    groups=32,
+                    data_layout="NCHW1n16c",
+                    kernel_layout="OIHW16o",
+                    out_dtype="int32",
+                )
+            )
+            v = bb.emit(relax.op.add(acc, relax.const(rng.integers(-500, 500, (1, 2, 1, 1, 1, 16)).astype("int32"))))
+            v = bb.emit(relax.op.maximum(relax.op.minimum(v, relax.const(3000, "int32")), relax.const(0, "int32")))
+            v = bb.emit(relax.op.right_shift(relax.op.add(v, relax.const(16, "int32")), relax.const(5, "int32")))
+            v = bb.emit(relax.op.maximum(relax.op.minimum(v, relax.const(127, "int32")), relax.const(-127, "int32")))
+            gv = bb.emit_output(bb.emit(relax.op.astype(v, "int8")))
+        bb.emit_func_output(gv)
+    mod = bb.get()
+    offloaded, (conv,) = offload_convs(mod, CFG, lambda wl, epi: Knobs(tile_w=4))
+    assert conv.on_vta and conv.workload.depthwise and conv.workload.groups == 32
+    assert (conv.epilogue.clip_min, conv.epilogue.clip_max) == (0, (3000 + 16) >> 5)
+    runtime.register()
+    x = rng.integers(-128, 128, (1, 2, 8, 8, 1, 16)).astype("int8")
+    assert np.array_equal(_run_local(offloaded, x), _run_local(mod, x))

@@ -120,3 +120,32 @@ def test_a_workload_tophub_measured_starts_from_its_config_and_tunes_from_there(
     )
     cold.tune(4)
     assert cold.start != record.knobs and record.knobs not in [Knobs(**t["knobs"]) for t in cold.trials()]
+
+
+@pytest.mark.parametrize(
+    "wl, epi",
+    [
+        (  # resnet18's last residual conv
+            ConvWorkload(1, 7, 7, 512, 512, 3, 3, 1, 1, 1, 1),
+            Epilogue(bias=True, residual_shift=9, round_add=1 << 8, shift=9, clip_min=0),
+        ),
+        (  # mobilenet_v2's last depthwise conv
+            ConvWorkload(1, 7, 7, 960, 960, 3, 3, 1, 1, 1, 1, groups=960),
+            Epilogue(bias=True, round_add=1 << 6, shift=7, clip_min=0),
+        ),
+        (  # and a projection that adds its block's input
+            ConvWorkload(1, 14, 14, 576, 96, 1, 1, 0, 0, 1, 1),
+            Epilogue(bias=True, residual_shift=8, round_add=1 << 7, shift=8),
+        ),
+    ],
+    ids=["resnet18-7x7-residual", "mobilenet_v2-7x7-depthwise", "mobilenet_v2-14x14-projection"],
+)
+def test_every_config_a_64_trial_search_measures_keeps_the_hardwares_rules(wl, epi, tmp_path):
+    """The tuner measures under the hardware's rules (`local_measure`'s default): a config whose
+    stream broke one would come back as an error. None does, untuned included."""
+    tuner = KnobTuner(wl, epi, CFG, tmp_path, local_measure(wl, epi, CFG), strategy="random")
+    tuner.tune(64)
+    trials = tuner.trials()
+    assert len(trials) == min(64, len(knob_space(wl, CFG, epi)))
+    assert [t["error"] for t in trials if t["error"]] == []
+    assert tuner.default_ms() is not None

@@ -221,6 +221,7 @@ def _offload_vta(mod: Any, vta: dict[str, Any], out_dir: Path) -> dict[str, Any]
     from .passes.vta_offload import offload_convs
     from .vta import tasks as vta_tasks
     from .vta.config import VTAConfig
+    from .vta.conv import beyond_the_recipe
     from .vta.tophub import start_knobs
 
     cfg = VTAConfig(**vta)
@@ -242,6 +243,7 @@ def _offload_vta(mod: Any, vta: dict[str, Any], out_dir: Path) -> dict[str, Any]
                     "workload": c.workload.__dict__ if c.workload else None,
                     "reason": c.reason,
                     "knobs_from": sources.get((c.workload, c.epilogue)),
+                    "beyond_the_recipe": beyond_the_recipe(c.workload, c.epilogue) if c.on_vta else None,
                 }
                 for c in report
             ],

@@ -314,6 +314,21 @@ def check(wl: ConvWorkload, k: Knobs, epi: Epilogue, cfg: VTAConfig) -> _Geometr
     return g
 
 
+def beyond_the_recipe(wl: ConvWorkload, epi: Epilogue) -> list[str]:
+    """What of this conv's stream VTA's own TVM lowering (the recipe's `conv2d_packed` /
+    `group_conv2d_packed` schedules, TVM 0.18) could not have produced, one phrase each; empty
+    where the recipe's template, with the same knobs, computes the same thing. Documentation,
+    not a constraint: the stream's instruction order and micro-op layout are ours in any case."""
+    out = []
+    if wl.depthwise:
+        out.append("a depthwise conv (VTA's TOPI has none): GEMMs against diagonal weight tiles")
+    if epi.residual_shift is not None:
+        out.append(
+            "the residual through an identity GEMM (VTA's lowering loads it with ACC_8BIT, which the hardware lacks)"
+        )
+    return out
+
+
 def knob_space(wl: ConvWorkload, cfg: VTAConfig, epi: Epilogue = Epilogue()) -> list[Knobs]:
     """Every config of the recipe's knobs (exact divisors) that fits VTA's buffers."""
     groups = wl.block_groups(cfg.BLOCK_IN) or 1
