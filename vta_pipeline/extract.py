@@ -18,9 +18,13 @@ from pathlib import Path
 from typing import Any
 
 STEP = "extract"
-VERSION = 7  # 7: untuned VTA convs start from TopHub's measured configs. 3: layout-free weights (pre-packing); x86 dot-product convs. 4: structural workload keys.
+VERSION = 6  # 3: layout-free weights (pre-packing); x86 dot-product convs. 4: structural workload keys.
 # 5: Winograd convs (graph pack's --winograd) read as packed_conv2d_winograd, with their conv's workload.
 # 6: a blocked tensor's sigmoid, SiLU and tanh as vectorizable polynomials (`packed_ops.FAST_ACTIVATIONS`)
+# The offloaded convs' compiler and where their knobs start, in a VTA extract's key only (a CPU
+# target's extracts stay valid): 1: hardware-legal streams, TopHub's configs as the start,
+# depthwise and grouped convs.
+VTA_OFFLOAD_VERSION = 1
 
 WORKLOAD_FIELDS = (
     "batch", "height", "width", "in_filter", "out_filter",

@@ -239,7 +239,13 @@ def offload_config(cfg: PipelineConfig, target: ResolvedTarget) -> VTAConfig | N
 
 
 def _extract_config(target: ResolvedTarget, vta: VTAConfig | None) -> dict[str, Any]:
-    return target.to_dict() if vta is None else {**target.to_dict(), "offload_vta": vta.model_dump(mode="json")}
+    if vta is None:
+        return target.to_dict()
+    return {
+        **target.to_dict(),
+        "offload_vta": vta.model_dump(mode="json"),
+        "offload_vta_version": extract_mod.VTA_OFFLOAD_VERSION,
+    }
 
 
 def extract_key(store: ArtifactStore, fetched_id: str, target: ResolvedTarget, vta: VTAConfig | None = None) -> str:
