@@ -1,7 +1,8 @@
 """Packed conv2d, with its fused epilogue, compiled to VTA instruction streams by the recipe's knobs.
 
 The workload is VTA's `conv2d_packed` (data `NCHW1n16c` int8, kernel `OIHW16o16i` int8,
-int32 accumulators) followed by what our quantize pass fuses after it: a per-channel bias
+int32 accumulators; grouped as its `group_conv2d_packed`, depthwise as GEMMs against diagonal
+weight tiles) followed by what our quantize pass fuses after it: a per-channel bias
 add, a residual add (an int8 tensor shifted to the accumulator's scale), the requantize
 (a rounding add, a right shift), a clip (ReLU is its lower bound), the cast to int8.
 
