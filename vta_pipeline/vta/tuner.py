@@ -32,6 +32,7 @@ from ..search import trial_log
 from ..search.work_dir import Status, WorkDir
 from .config import VTAConfig
 from .conv import ConvWorkload, Epilogue, KnobError, Knobs, check, compile_conv, default_knobs, knob_space
+from .isa import Layout
 from .simulator import STRICT, CycleModel, Dram, HardwareRules, Simulator, StreamError
 from .tophub import configs_for, start_knobs
 
@@ -78,7 +79,7 @@ def local_measure(
 def features(k: Knobs, wl: ConvWorkload, cfg: VTAConfig, epi: Epilogue) -> list[float]:
     """What the cost model sees of a config: the knobs (log2), its threads, how full it fills
     each SRAM, and how many tiles, steps and micro-ops it runs."""
-    g = check(wl, k, epi, cfg)
+    g, lay = check(wl, k, epi, cfg), Layout.of(cfg)
     tiles = (g.cob // k.tile_co) * (g.oh // k.tile_h) * (g.ow // k.tile_w)
     steps = g.cib // k.tile_ci
     return [
@@ -88,9 +89,9 @@ def features(k: Knobs, wl: ConvWorkload, cfg: VTAConfig, epi: Epilogue) -> list[
         math.log2(k.tile_co),
         k.h_nthread,
         k.oc_nthread,
-        g.inp_entries * g.threads / 2048,
-        g.wgt_entries * g.threads / 1024,
-        g.acc_entries * g.threads / 2048,
+        g.inp_entries * g.threads / (1 << lay.inp_depth_log),
+        g.wgt_entries * g.threads / (1 << lay.wgt_depth_log),
+        g.acc_entries * g.threads / (1 << lay.acc_depth_log),
         math.log2(tiles),
         math.log2(tiles * steps),
         math.log2(k.tile_ci * wl.kh * wl.kw * k.tile_w),
