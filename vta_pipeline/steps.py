@@ -422,7 +422,6 @@ def vta_tune_step(
     so a killed run goes on from them; the result (best knobs, untuned and tuned latency) is
     an artifact keyed also by the budget."""
     from .vta.remote import board_measure
-    from .vta.tophub import configs_for
     from .vta.tuner import KnobTuner
 
     config = _vta_tune_config(tune, vta, board_key)
@@ -443,8 +442,7 @@ def vta_tune_step(
             batch=tune.trials_per_batch,
         )
         default_ms = tuner.default_ms()
-        measured = configs_for(task.workload, vta, task.epilogue)  # on a Pynq, AutoTVM's epilogue
-        tophub_ms = measured[0].seconds * 1e3 if measured else None
+        tophub_ms = tuner.tophub[0].seconds * 1e3 if tuner.tophub else None  # on a Pynq, AutoTVM's epilogue
         best = tuner.tune(tune.trials_per_task, tune.early_stopping, progress)
         if best is None:
             raise RuntimeError(f"VTA task {task.name}: no knob config ran on the board (see {work / WorkDir.TRIALS})")

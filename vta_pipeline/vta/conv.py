@@ -192,13 +192,28 @@ class _Geometry:
     wgt_entries: int
     acc_entries: int  # of one accumulator copy (output, residual, bias)
     threads: int
-    residual: bool
-    res_region: bool  # the residual has accumulators of its own (`residual_plan`: "region")
+    plan: tuple[str, int] | None  # `residual_plan`
+
+    @property
+    def residual(self) -> bool:
+        return self.plan is not None
+
+    @property
+    def res_region(self) -> bool:
+        """The residual has accumulators of its own (`residual_plan`: "region")."""
+        return self.plan is not None and self.plan[0] == "region"
+
+
+def _blocks(wl: ConvWorkload, cfg: VTAConfig) -> tuple[int, int, int, int]:
+    """Input and output channel blocks, then those of one block group (`ConvWorkload.block_groups`;
+    1 group where none fits: `check` refuses such a conv)."""
+    cib, cob = wl.in_filter // cfg.BLOCK_IN, wl.out_filter // cfg.BLOCK_OUT
+    groups = wl.block_groups(cfg.BLOCK_IN) or 1
+    return cib, cob, cib // groups, cob // groups
 
 
 def _geometry(wl: ConvWorkload, k: Knobs, epi: Epilogue, cfg: VTAConfig) -> _Geometry:
-    cib, cob = wl.in_filter // cfg.BLOCK_IN, wl.out_filter // cfg.BLOCK_OUT
-    groups = wl.block_groups(cfg.BLOCK_IN) or 1
+    cib, cob, cib_g, cob_g = _blocks(wl, cfg)
     ih = (k.tile_h - 1) * wl.stride_h + wl.kh
     iw = (k.tile_w - 1) * wl.stride_w + wl.kw
     out_entries = k.tile_co * k.tile_h * k.tile_w
@@ -211,8 +226,8 @@ def _geometry(wl: ConvWorkload, k: Knobs, epi: Epilogue, cfg: VTAConfig) -> _Geo
     return _Geometry(
         cib,
         cob,
-        cib // groups,
-        cob // groups,
+        cib_g,
+        cob_g,
         wl.out_height,
         wl.out_width,
         ih,
@@ -221,8 +236,7 @@ def _geometry(wl: ConvWorkload, k: Knobs, epi: Epilogue, cfg: VTAConfig) -> _Geo
         k.tile_co * k.tile_ci * wl.kh * wl.kw,
         acc,
         k.h_nthread * k.oc_nthread,
-        plan is not None,
-        region,
+        plan,
     )
 
 
@@ -280,7 +294,7 @@ def check(wl: ConvWorkload, k: Knobs, epi: Epilogue, cfg: VTAConfig) -> _Geometr
     if max(wl.pad_h, wl.pad_w) > 15:
         raise KnobError(f"padding {wl.pad_h}x{wl.pad_w}: a LOAD pads at most 15 per side")
     shifts = {"shift": epi.shift, "post_shift": epi.post_shift}
-    if residual_plan(epi) == ("region", 0) and epi.residual_shift:
+    if g.res_region and epi.residual_shift:
         shifts["residual_shift"] = -epi.residual_shift  # its ALU shift: a negative one shifts left
     for name, value in shifts.items():
         lo, hi = STRICT.shr_imm
@@ -332,14 +346,13 @@ def beyond_the_recipe(wl: ConvWorkload, epi: Epilogue) -> list[str]:
 
 def knob_space(wl: ConvWorkload, cfg: VTAConfig, epi: Epilogue = Epilogue()) -> list[Knobs]:
     """Every config of the recipe's knobs (exact divisors) that fits VTA's buffers."""
-    groups = wl.block_groups(cfg.BLOCK_IN) or 1
-    cib, cob = wl.in_filter // cfg.BLOCK_IN // groups, wl.out_filter // cfg.BLOCK_OUT  # a group's input blocks
+    _, cob, cib_g, cob_g = _blocks(wl, cfg)
     out = []
     for hn, on in itertools.product((1, 2), (1, 2)):
         if wl.out_height % hn or cob % on:
             continue
         for th, tw, tci, tco in itertools.product(
-            _divisors(wl.out_height // hn), _divisors(wl.out_width), _divisors(cib), _divisors(cob // groups)
+            _divisors(wl.out_height // hn), _divisors(wl.out_width), _divisors(cib_g), _divisors(cob_g)
         ):
             k = Knobs(1, th, tw, tci, tco, hn, on)
             try:
@@ -355,10 +368,10 @@ def default_knobs(wl: ConvWorkload, cfg: VTAConfig, epi: Epilogue = Epilogue()) 
     for the recipe's template (every split's inner factor 1: one accumulator per tile) breaks
     VerifyDep, so the tile grows to DST_APART accumulators: along its columns where a row is that
     wide (the fewest micro-ops), else its rows, else its output channel blocks."""
-    cob = wl.out_filter // cfg.BLOCK_OUT // (wl.block_groups(cfg.BLOCK_IN) or 1)  # a group's
+    cob_g = _blocks(wl, cfg)[3]
     candidates = [
         Knobs(tile_h=th, tile_w=tw, tile_co=tco)
-        for th, tw, tco in itertools.product(_divisors(wl.out_height), _divisors(wl.out_width), _divisors(cob))
+        for th, tw, tco in itertools.product(_divisors(wl.out_height), _divisors(wl.out_width), _divisors(cob_g))
         if th * tw * tco >= DST_APART
     ]
     candidates.sort(key=lambda k: (k.tile_co * k.tile_h * k.tile_w, gemm_fold(k), k.tile_co, k.tile_h))
@@ -412,11 +425,22 @@ def compile_conv(wl: ConvWorkload, knobs: Knobs, epi: Epilogue, cfg: VTAConfig, 
     # queues: every instruction after those whose tokens it waits for, so that no queue ever
     # has to hold more than a step's run-ahead (`simulator.HardwareRules.cmd_queue_depth`).
     stream: list[Insn] = [MemInsn(Opcode.LOAD, Mem.UOP, 0, uaddr // 4, 1, len(uops), len(uops))]
-    plan = residual_plan(epi)
-    if plan:  # 2^scale x I, loaded once: the load module runs it before any step's loads
-        eye = (np.eye(cfg.BLOCK_OUT, cfg.BLOCK_IN) * (1 << plan[1])).astype(np.int8)
+    if g.plan:  # 2^scale x I, loaded once: the load module runs it before any step's loads
+        eye = (np.eye(cfg.BLOCK_OUT, cfg.BLOCK_IN) * (1 << g.plan[1])).astype(np.int8)
         stream.append(MemInsn(Opcode.LOAD, Mem.WGT, ident, dram.put(eye) // eye.size, 1, 1, 1))
     tile = step = 0
+
+    def handshake(loads: list[Insn], gemm: GemmInsn) -> list[Insn]:
+        """One step of the load -> compute handshake: tokens pair loads and GEMMs by position,
+        so a step's loads wait for the GEMM `threads` steps back (that copy's last reader) and
+        its GEMM frees the copy for the step `threads` later, where there is one."""
+        nonlocal step
+        loads[0] = _flag(loads[0], pop_next=step >= g.threads)
+        loads[-1] = _flag(loads[-1], push_next=True)
+        gemm = _flag(gemm, pop_prev=True, push_prev=step < n_steps - g.threads)
+        step += 1
+        return [*loads, gemm]
+
     for wave in waves:
         for r, _ in enumerate(wave):  # reset each thread's accumulators, once its previous tile is stored
             u = r * per_thread
@@ -446,11 +470,9 @@ def compile_conv(wl: ConvWorkload, knobs: Knobs, epi: Epilogue, cfg: VTAConfig, 
                         g.cib_g * wl.kh * wl.kw,
                     )
                 ]
-                loads[0] = _flag(loads[0], pop_next=step >= g.threads)  # that copy's last reader is done
-                loads[-1] = _flag(loads[-1], push_next=True)
-                stream += loads
                 rows_in_loop, co_in_loop = fold < 1, fold < 2  # the loops the micro-ops did not take in
-                stream.append(
+                stream += handshake(
+                    loads,
                     GemmInsn(
                         u + GEMM_UOP,
                         u + per_thread,
@@ -460,18 +482,14 @@ def compile_conv(wl: ConvWorkload, knobs: Knobs, epi: Epilogue, cfg: VTAConfig, 
                         dst_factor_in=k.tile_w if rows_in_loop else 0,
                         src_factor_in=wl.stride_h * g.iw if rows_in_loop else 0,
                         wgt_factor_out=k.tile_ci * wl.kh * wl.kw if co_in_loop else 0,
-                        deps=Deps(pop_prev=True, push_prev=step < n_steps - g.threads),
-                    )
+                    ),
                 )
-                step += 1
         for r, (co, h, w) in enumerate(wave):
             acc0, u = r * g.acc_entries, r * per_thread
             residual: list[Insn] = []
             if g.residual:  # a step of the load -> compute handshake of its own
-                loads = _residual_loads(k, g, base["residual"], co, h, w, r * g.inp_entries)
-                loads[0] = _flag(loads[0], pop_next=step >= g.threads)
-                loads[-1] = _flag(loads[-1], push_next=True)
-                residual = loads + [
+                residual = handshake(
+                    _residual_loads(k, g, base["residual"], co, h, w, r * g.inp_entries),
                     GemmInsn(
                         u + RESIDUAL_GEMM_UOP,
                         u + RESIDUAL_GEMM_UOP + 1,
@@ -481,10 +499,8 @@ def compile_conv(wl: ConvWorkload, knobs: Knobs, epi: Epilogue, cfg: VTAConfig, 
                         dst_factor_in=1,
                         src_factor_out=k.tile_h * k.tile_w,
                         src_factor_in=1,
-                        deps=Deps(pop_prev=True, push_prev=step < n_steps - g.threads),
-                    )
-                ]
-                step += 1
+                    ),
+                )
             ops = _epilogue(k, g, epi, base, co, acc0, u, out_n, residual)
             ops[-1] = _flag(ops[-1], push_next=True)
             stream += ops
@@ -625,7 +641,7 @@ def _epilogue(
     the tile (one micro-op each, two loops)."""
     ops: list[Insn] = []
     tile_hw = k.tile_h * k.tile_w
-    plan = residual_plan(epi)
+    plan = g.plan
 
     def over_tile(op: AluOp, uop: int, imm: int | None = None) -> AluInsn:
         return AluInsn(
@@ -691,6 +707,7 @@ def reference(
     oh, ow = wl.out_height, wl.out_width
     acc = np.zeros((n * bb, cob * bo, oh, ow), np.float64)  # exact: |sums| < 2^53
     xf, wf = xp.astype(np.float64), wt.astype(np.float64)
+    ci, co = cib_g * bi, cob * bo // groups  # a group's channels
     for dy in range(kh):
         for dx in range(kw):
             win = xf[
@@ -699,7 +716,6 @@ def reference(
                 dy : dy + (oh - 1) * wl.stride_h + 1 : wl.stride_h,
                 dx : dx + (ow - 1) * wl.stride_w + 1 : wl.stride_w,
             ]
-            ci, co = cib_g * bi, cob * bo // groups  # a group's channels
             for grp in range(groups):
                 acc[:, grp * co : (grp + 1) * co] += np.tensordot(
                     wf[grp * co : (grp + 1) * co, :, dy, dx], win[:, grp * ci : (grp + 1) * ci], axes=([1], [1])

@@ -157,13 +157,16 @@ def configs_for(wl: ConvWorkload, cfg: VTAConfig, epi: Epilogue) -> list[TophubR
     return sorted(found, key=lambda r: r.seconds)
 
 
-def start_knobs(wl: ConvWorkload, cfg: VTAConfig, epi: Epilogue) -> tuple[Knobs, str]:
+def start_knobs(
+    wl: ConvWorkload, cfg: VTAConfig, epi: Epilogue, found: list[TophubRecord] | None = None
+) -> tuple[Knobs, str]:
     """Where an untuned conv starts, as AutoTVM's `tophub.context` gave the recipe: TopHub's
-    fastest measured config for the workload where one fits, else the smallest legal tile
-    (`conv.default_knobs`). With where it came from, for the report."""
+    fastest measured config for the workload where one fits (`found`: `configs_for`'s answer,
+    where the caller has it), else the smallest legal tile (`conv.default_knobs`). With where it
+    came from, for the report."""
     from .conv import default_knobs
 
-    found = configs_for(wl, cfg, epi)
+    found = configs_for(wl, cfg, epi) if found is None else found
     if found:
         return found[0].knobs, f"TopHub vta_v0.06 {found[0].network} ({found[0].seconds * 1e3:.2f} ms measured)"
     return default_knobs(wl, cfg, epi), "untuned fallback"

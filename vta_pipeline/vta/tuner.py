@@ -126,10 +126,16 @@ class KnobTuner:
         self.order = list(range(len(self.space)))
         if strategy != "grid":
             self.order = list(np.random.default_rng(seed).permutation(len(self.space)))
-        self.start, self.start_from = start_knobs(wl, cfg, epi) if warm_start else (default_knobs(wl, cfg, epi), "")
-        if warm_start:  # TopHub's measured configs first, as the recipe's tophub context began
-            first = [self.space.index(r.knobs) for r in configs_for(wl, cfg, epi) if r.knobs in self.space]
-            self.order = first + [i for i in self.order if i not in set(first)]
+        # TopHub's measured configs for the workload, fastest first (where the search starts)
+        self.tophub = configs_for(wl, cfg, epi) if warm_start else []
+        self.start, self.start_from = (
+            start_knobs(wl, cfg, epi, self.tophub) if warm_start else (default_knobs(wl, cfg, epi), "")
+        )
+        if self.tophub:  # measured first, as the recipe's tophub context began
+            index = {k: i for i, k in enumerate(self.space)}
+            first = [index[r.knobs] for r in self.tophub if r.knobs in index]
+            taken = set(first)
+            self.order = first + [i for i in self.order if i not in taken]
 
     # ---- the record --------------------------------------------------------------------------------
     def trials(self) -> list[dict[str, Any]]:
