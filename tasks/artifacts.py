@@ -41,8 +41,9 @@ class TrialProgress:
 def publish(result: report.RunResult, store_root: Path) -> None:
     """Result tables and the report with its plots as Prefect artifacts (the UI's Artifacts
     tab); the plots are also written next to the run's result in the store."""
-    rows = [dict(zip(report.LATENCY_HEADER, r)) for r in report.latency_rows(result)]
-    create_table_artifact(rows, key="latency", description=f"untuned vs tuned latency of {result.model}")
+    rows = [dict(zip(report.latency_header(result), r)) for r in report.latency_rows(result)]
+    emulated = f" (EMULATED on {result.emulated}: qemu's times, not the board's)" if result.emulated else ""
+    create_table_artifact(rows, key="latency", description=f"untuned vs tuned latency of {result.model}{emulated}")
     create_table_artifact(
         [dict(zip(report.RECIPE_HEADER, r)) for r in report.recipe_rows(result)],
         key="tuning-tasks",

@@ -46,7 +46,8 @@ def regression_guard(
         artifact(store, fetched),
         min_repeat_ms,
     )
-    current = guard.promote(store, result, verdict) if result.tuned.correct else {}
+    # an emulated run's build is checked, not timed: it becomes no key's current build
+    current = guard.promote(store, result, verdict) if result.tuned.correct and not verdict.skipped else {}
     return dict(verdict.to_dict(), current=current)
 
 

@@ -33,7 +33,7 @@ def test_bad_targets(spec, needle):
 
 
 # ---- the board presets ----------------------------------------------------------------------------
-PRESETS = ["host", "pynq-arm", "pynq-vta", "vta-sim", "rk3399-cpu", "rk3399-mali", "cuda"]
+PRESETS = ["host", "pynq-arm", "pynq-vta", "vta-sim", "rk3399-cpu", "rk3588-cpu", "rk3399-mali", "cuda"]
 RUNNABLE = [p for p in PRESETS if p != "pynq-vta"]
 
 

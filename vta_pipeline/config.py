@@ -379,6 +379,13 @@ class BoardConfig(_Strict):
         "default: the target's num-cores, else this machine's logical CPUs.",
     )
     max_boards: int | None = Field(None, gt=0, description="Use at most this many boards at once.")
+    emulate: bool = Field(
+        False,
+        description="Run the local board under qemu-user: the target CPU's own TVM runtime (aarch64: "
+        "rk3399-cpu), emulated on this machine, so a cross-compiled build is loaded, run and checked "
+        "before it meets a board. Its timings are qemu's, marked emulated, never the board's. Set up "
+        "once with `vta-pipeline board emulator-setup aarch64`.",
+    )
     mismatch: Literal["refuse", "warn"] = Field(
         "refuse",
         description="A board that runs another TVM version than this host, or kernels with other than "
@@ -475,7 +482,10 @@ def build_config(file_values: dict[str, Any] | None, overrides: dict[str, Any], 
 
 
 def _apply_preset_defaults(data: dict[str, Any]) -> None:
-    """The target preset's board key and config defaults (measure, quantize), for what was not given."""
+    """The target preset's board key and config defaults (measure, quantize), for what was not given.
+
+    An emulated local board (`board.emulate`) takes the preset's key + "-emulated": its
+    records and timings are qemu's and never share a key (a work dir, a history) with real boards'."""
     from .targets import preset_defaults
 
     spec = data.get("target", "host")
@@ -486,7 +496,7 @@ def _apply_preset_defaults(data: dict[str, Any]) -> None:
     except ConfigError:
         return  # resolve_target reports an unknown preset with the full list
     if key is not None and isinstance(data.setdefault("board", {}), dict):
-        data["board"].setdefault("key", key)
+        data["board"].setdefault("key", key + ("-emulated" if data["board"].get("emulate") else ""))
     for section, defaults in sections.items():
         if isinstance(data.setdefault(section, {}), dict):
             for k, v in defaults.items():

@@ -45,6 +45,7 @@ class Evaluation:
     threads: int | None = None  # threads the board ran the network with, as it reported them (CPUs)
     board_name: str | None = None  # who the board is (its host name), where it can say
     tvm: str | None = None  # the TVM it runs, where it can say
+    emulated: str | None = None  # what emulates the board ("qemu-aarch64 7.2..."): its times are qemu's
     vta_ms: float | None = None  # on a VTA board: the offloaded convs' simulated time per run
     cpu_ms: float | None = None  # ... and the rest of the network's, on the board's CPU
     vta_convs: list[dict[str, Any]] | None = None  # per offloaded conv: workload, knobs, cycles, ms
@@ -249,6 +250,7 @@ def evaluate_on_board(
         threads=threads,
         board_name=who.get("name"),
         tvm=who.get("tvm"),
+        emulated=who.get("emulated"),
         vta_ms=split.vta_ms if split else None,
         cpu_ms=split.cpu_ms if split else None,
         vta_convs=split.convs if split else None,

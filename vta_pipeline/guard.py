@@ -55,9 +55,12 @@ class Verdict:
     # (rounds, tonight_ms and best_ms per round, their medians, the median per-round ratio)
     in_turn: dict[str, Any] | None = None
     in_turn_error: str | None = None  # why they could not be (the history's verdict then stands)
+    skipped: str | None = None  # why tonight was not guarded at all (an emulated board)
 
     @property
     def message(self) -> str:
+        if self.skipped:
+            return f"not guarded: {self.skipped}"
         if self.best_ms is None:
             return f"first recorded run: {self.tonight_ms:.3f} ms"
         if self.in_turn is not None:
@@ -92,7 +95,19 @@ class Verdict:
 
 def check(store_root: Path, result: RunResult, max_regression_pct: float) -> Verdict:
     """Tonight's tuned latency vs the best correct tuned latency of every earlier run of its
-    variant (earlier rows whose variant is unknown, their run's result gone, are left out)."""
+    variant (earlier rows whose variant is unknown, their run's result gone, are left out).
+    An emulated board's timing is qemu's: it is neither guarded nor a night to guard against."""
+    if result.emulated:
+        return Verdict(
+            False,
+            result.tuned.mean_ms,
+            None,
+            None,
+            None,
+            None,
+            max_regression_pct,
+            skipped=f"the board was emulated ({result.emulated}): its timings are qemu's, not the board's",
+        )
     f = (
         (pc.field("model") == result.model)
         & (pc.field("target") == result.target)
@@ -100,6 +115,7 @@ def check(store_root: Path, result: RunResult, max_regression_pct: float) -> Ver
         & (pc.field("build") == "tuned")
         & (pc.field("correct") == True)  # noqa: E712 - an Arrow expression, not a Python truth test
         & (pc.field("run_id") != result.run_id)
+        & history.not_emulated()
     )
     mine = result.of_variant
     rows = [r for r in history.evaluations(store_root, f) if r["variant"] == mine]

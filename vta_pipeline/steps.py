@@ -26,6 +26,7 @@ from . import pick_best as pick_best_mod
 from . import quantize as quantize_mod
 from . import tune as tune_mod
 from .boards import BoardSpec
+from .boards.emulator import Emulator, arch_for_target
 from .config import (
     EvalConfig,
     GuardConfig,
@@ -78,6 +79,14 @@ def check_target(cfg: PipelineConfig, target: ResolvedTarget) -> None:
 def check_local_board(cfg: PipelineConfig, target: ResolvedTarget) -> None:
     """A local board runs on this machine: it cannot run code cross-compiled for another CPU,
     nor GPU code on a machine whose TVM runtime sees no such GPU."""
+    if cfg.board.emulate:
+        if cfg.board.tracker is not None:
+            raise ConfigError(
+                "--emulate starts a local emulated board, and --tracker names a rack's: drop one (an emulated board "
+                "behind a tracker of your own: `vta-pipeline board up --emulate aarch64`, then --tracker)"
+            )
+        Emulator.for_target(target).check()
+        return
     if cfg.board.tracker is not None:
         return
     fix = (
@@ -85,6 +94,11 @@ def check_local_board(cfg: PipelineConfig, target: ResolvedTarget) -> None:
         "or build without a board with `vta-pipeline build`"
     )
     if target.cross_compiler:
+        try:
+            arch_for_target(target)
+            fix += " (or rehearse on an emulated board: --emulate)"
+        except ConfigError:
+            pass
         raise ConfigError(
             f"target {target.name!r} builds for another CPU ({target.full_json.get('mtriple', target.kind)}), "
             f"which the local board on this machine cannot run: {fix}"

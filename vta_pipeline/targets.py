@@ -130,6 +130,26 @@ def _rk3399_cpu(option: str | None) -> TargetPreset:
     )
 
 
+def _rk3588_cpu(option: str | None) -> TargetPreset:
+    # RK3588's big cluster: 4x Cortex-A76 (ARMv8.2 with the dot product), beside 4 A55s
+    return TargetPreset(
+        name="rk3588-cpu",
+        description="RK3588's aarch64 CPU (Cortex-A76 big cores, NEON and the int8 dot product)",
+        target={
+            "kind": "llvm",
+            "mtriple": "aarch64-linux-gnu",
+            "mcpu": "cortex-a76",
+            "mattr": ["+neon", "+dotprod"],
+            "num-cores": 4,
+        },
+        key="rk3588",
+        cross_compiler="aarch64-linux-gnu-g++",
+        cross_package="g++-aarch64-linux-gnu",
+        measure=dict(_CPU_MEASURE),
+        runtime="TVM's runtime built for aarch64 on the board, started with `python -m tvm.exec.rpc_server`",
+    )
+
+
 def _rk3399_mali(option: str | None) -> TargetPreset:
     return TargetPreset(
         name="rk3399-mali",
@@ -200,6 +220,7 @@ PRESETS: dict[str, Callable[[str | None], TargetPreset]] = {
     "pynq-vta": _pynq_vta,
     "vta-sim": _vta_sim,
     "rk3399-cpu": _rk3399_cpu,
+    "rk3588-cpu": _rk3588_cpu,
     "rk3399-mali": _rk3399_mali,
     "cuda": _cuda,
 }

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import BoardError
+from .emulator import Emulator
 from .liveness import alive, identity
 from .tracker import SERVER_PORT_RANGE, count_servers, free_port, port_open, tracker_summary
 
@@ -75,6 +76,8 @@ class LocalBoard:
     # the server program: TVM's, or one that registers more functions (the VTA simulator board's)
     server_module: str = "vta_pipeline.boards.server"
     server_args: tuple[str, ...] = ()  # more arguments of the server program (the VTA board's --sim-mode)
+    # an emulated board (boards.emulator): its servers run another CPU's TVM runtime under qemu
+    emulator: Emulator | None = None
     procs: list[subprocess.Popen] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
 
@@ -107,6 +110,8 @@ class LocalBoard:
             os.environ, PYTHONUNBUFFERED="1", TVM_NUM_THREADS=str(self.threads), TVM_FFI_DISABLE_TORCH_C_DLPACK="1"
         )
         cmd = [sys.executable, "-m"]
+        if self.emulator is not None and role != "tracker":  # the tracker is the rack's: this machine's
+            cmd, env = [str(self.emulator.python), "-m"], self.emulator.env(env)
         if not self.detached:
             cmd += ["vta_pipeline.boards.watchdog", "--watch", str(os.getpid()), "--"]
         path = self._log_path(role)
@@ -131,10 +136,15 @@ class LocalBoard:
     def start(self, timeout: float = START_TIMEOUT_S) -> LocalBoard:
         """Start the tracker and the servers; return once every server is registered.
 
+        An emulated board checks first that its emulator is set up (a ConfigError naming the
+        set-up command otherwise).
+
         Says what it waits for every PROGRESS_EVERY_S; a process that exits, or one not up
         within `timeout`, stops the board and raises a BoardError naming that process, with
         the tail of its log.
         """
+        if self.emulator is not None:
+            self.emulator.check()
         reap_orphans(self._registry())
         if not self.port:
             self.port = free_port(self.host)

@@ -158,14 +158,23 @@ for its own version; a board running TVM's stock rpc_server answers only the thr
 def register_board_info() -> None:
     """Give this process (and the session processes it forks) `BOARD_INFO`."""
     import json as json_
+    import os
     import platform
 
     import tvm
 
+    emulated = os.environ.get("VTA_PIPELINE_EMULATED") or None  # boards.emulator: qemu runs this board
+
     def info() -> str:
         threads = tvm.get_global_func("runtime.NumThreads", allow_missing=True)
+        name = platform.node() + (f" (emulated {platform.machine()})" if emulated else "")
         return json_.dumps(
-            {"name": platform.node(), "tvm": tvm.__version__, "threads": int(threads()) if threads else None}
+            {
+                "name": name,
+                "tvm": tvm.__version__,
+                "threads": int(threads()) if threads else None,
+                **({"emulated": emulated} if emulated else {}),
+            }
         )
 
     tvm.register_global_func(BOARD_INFO, info, override=True)
@@ -251,7 +260,12 @@ def describe_boards(identities: list[dict[str, Any]]) -> dict[str, Any]:
     all checked to run the same TVM with the same threads)."""
     names = sorted({b.get("name") or "?" for b in identities})
     versions = sorted({b.get("tvm") for b in identities if b.get("tvm")})
-    return {"board": ",".join(names) if identities else None, "tvm": ",".join(versions) or None}
+    emulated = sorted({b["emulated"] for b in identities if b.get("emulated")})
+    return {
+        "board": ",".join(names) if identities else None,
+        "tvm": ",".join(versions) or None,
+        **({"emulated": ",".join(emulated)} if emulated else {}),
+    }
 
 
 def board_threads(host: str, port: int, key: str, timeout_s: float = 60.0) -> int | None:

@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 from ..config import PipelineConfig, parse_hostport
 from ..targets import ResolvedTarget
+from .emulator import Emulator
 from .local import LocalBoard
 from .probes import check_boards, describe_boards, device_params, health_check
 from .tracker import preflight
@@ -37,6 +38,11 @@ class BoardSession:
     threads: int | None  # what the boards reported (CPU targets)
     identities: list[dict[str, Any]] = field(default_factory=list)
     health_ms: float | None = None
+
+    @property
+    def emulated(self) -> str | None:
+        """What emulates the boards ("qemu-aarch64 7.2..."), where they are emulated."""
+        return describe_boards(self.identities).get("emulated")
 
     def board_spec(self, in_flight: int) -> dict[str, Any]:
         """Where one of `in_flight` concurrent tuning tasks measures (`boards.BoardSpec` as JSON):
@@ -59,18 +65,24 @@ def open_session(
     key = cfg.board.key
     local = None
     if cfg.board.tracker is None:
+        emulator = Emulator.for_target(target) if cfg.board.emulate else None
         local = LocalBoard(
             key=key,
             num_servers=cfg.board.local_servers,
             log_dir=log_dir,
             threads=cfg.board.local_threads or target.cpu_threads,
-            server_module=target.server_module,
+            # an emulated board says who it is (that it is emulated): our server front registers it
+            server_module="vta_pipeline.boards.server" if emulator else target.server_module,
+            emulator=emulator,
         )
         log.info(
-            "starting a local board: tracker + %d rpc server(s) on 127.0.0.1, key %r, %d thread(s)",
+            "starting a local board: tracker + %d rpc server(s) on 127.0.0.1, key %r, %d thread(s)%s",
             local.num_servers,
             key,
             local.threads,
+            f", emulated: {emulator.arch.name} ({emulator.cpu}) under qemu (timings are qemu's, not the board's)"
+            if emulator
+            else "",
         )
         local.start()
     try:

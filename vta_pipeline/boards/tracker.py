@@ -22,6 +22,7 @@ class BoardSpec:
     threads: int | None = None  # what the key's boards reported (the flow reads it once per run)
     board: str | None = None  # their names (describe_boards): each trial row records who measured it
     tvm: str | None = None  # the TVM version they run
+    emulated: str | None = None  # "qemu-aarch64 7.2...": an emulated board (boards.emulator), whose timings are qemu's
 
 
 SERVER_PORT_RANGE = 64  # ports an rpc_server tries from its first, should another process take that one

@@ -55,18 +55,38 @@ def board_up(
     ] = None,
     port: Annotated[int, typer.Option(help="Tracker port.")] = 9190,
     host: Annotated[str, typer.Option(help="Bind address (keep 127.0.0.1 unless boards are remote).")] = "127.0.0.1",
+    emulate: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Emulated boards of this CPU (aarch64): its own TVM runtime under qemu-user, for cross-compiled "
+            "targets (rk3399-cpu); timings are qemu's. Set up once with `board emulator-setup ARCH`.",
+        ),
+    ] = None,
+    qemu_cpu: Annotated[
+        Optional[str],
+        typer.Option(
+            help="With --emulate: the core qemu emulates (e.g. cortex-a72 for RK3399: code using an instruction "
+            "the core lacks faults as on the board); default max, every instruction qemu knows.",
+        ),
+    ] = None,
 ):
     """Start a tracker and N servers in the background; `board down` stops them."""
     from vta_pipeline.boards import LocalBoard
+    from vta_pipeline.boards.emulator import Emulator
     from vta_pipeline.config import board_key_problem
 
     if key is not None and board_key_problem(key):
         _fail(board_key_problem(key))
     if sim_mode not in ("strict", "fsim"):
         _fail(f"--sim-mode {sim_mode!r}: strict (VTA's hardware rules) or fsim (VTA's functional simulator)")
+    if vta_sim and emulate:
+        _fail("--vta-sim and --emulate: a VTA simulator board runs on this machine's CPU; give one of them")
+    if qemu_cpu and not emulate:
+        _fail("--qemu-cpu is for an emulated board: add --emulate aarch64")
+    emulator = _guard(lambda: Emulator.of(emulate, cpu=qemu_cpu)) if emulate else None
     if BOARD_STATE.exists():
         _fail(f"a local board is already recorded in {BOARD_STATE}: run `vta-pipeline board down` first")
-    key = key or ("vta-sim" if vta_sim else "host")
+    key = key or ("vta-sim" if vta_sim else f"{emulator.arch.name}-emulated" if emulator else "host")
     module = "vta_pipeline.vta.rpc_server" if vta_sim else "vta_pipeline.boards.server"
     b = _guard(
         lambda: LocalBoard(
@@ -79,13 +99,27 @@ def board_up(
             threads=threads,
             server_module=module,
             server_args=("--sim-mode", sim_mode) if vta_sim else (),
+            emulator=emulator,
         ).start()
     )
-    kind = "VTA simulator " if vta_sim else ""
+    kind = "VTA simulator " if vta_sim else f"emulated {emulator.arch.name} " if emulator else ""
     typer.echo(
         f"tracker {b.tracker}, {servers} {kind}server(s) under key {key!r}, {b.threads} thread(s) each; "
         f"use --tracker {b.tracker} --key {key}"
     )
+
+
+@board_app.command("emulator-setup")
+def board_emulator_setup(
+    arch: Annotated[str, typer.Argument(help="The CPU to emulate: aarch64 (rk3399-cpu's).")] = "aarch64",
+):
+    """Set up an emulated board's CPU once (idempotent): an aarch64 Python from Debian's archive and
+    TVM's aarch64 wheels at this host's versions, under ~/.cache/vta-pipeline/emulators
+    ($VTA_PIPELINE_EMULATORS). Needs qemu-user, apt (with the arm64 architecture added) and uv."""
+    from vta_pipeline.boards.emulator import setup
+
+    em = _guard(lambda: setup(arch, say=typer.echo))
+    typer.echo(f"emulated {em.arch.name} Python: {em.python}")
 
 
 @board_app.command("serve")

@@ -138,6 +138,7 @@ FLAGS: list[Flag] = [
     _flag("key", "board.key", "board"),
     _flag("local_servers", "board.local_servers", "board"),
     _flag("local_threads", "board.local_threads", "board"),
+    _flag("emulate", "board.emulate", "board", decls=("--emulate",)),
     _flag("trials_per_task", "tune.trials_per_task", "tune"),
     _flag("trials_per_batch", "tune.trials_per_batch", "tune"),
     _flag("allocation", "tune.allocation", "tune"),

@@ -8,6 +8,7 @@ from pathlib import Path
 from ..store import history, variant
 from . import plots
 from .result import RunResult
+from .tables import emulated_line
 from .vta import vta_markdown
 
 
@@ -42,6 +43,7 @@ def markdown(result: RunResult, store_root: Path) -> str:
     lines = [
         f"# {result.model} on {result.board_key} ({result.target}), night {result.night or '-'}",
         "",
+        *([f"> **{emulated_line(result)}**", ""] if result.emulated else []),
         "| build | mean ms | median ms | std ms | output check |",
         "|---|---|---|---|---|",
         *(

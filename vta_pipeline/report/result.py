@@ -44,6 +44,7 @@ class Evaluation(BaseModel):
     threads: int | None = None
     board_name: str | None = None
     tvm: str | None = None
+    emulated: str | None = None  # the board was emulated (boards.emulator): what emulated it
     vs_float: dict[str, Any] | None = None
     vta_ms: float | None = None
     cpu_ms: float | None = None
@@ -109,6 +110,12 @@ class RunResult(BaseModel):
     history: dict[str, int] | None = None
 
     @property
+    def emulated(self) -> str | None:
+        """What emulated the board the network ran on (boards.emulator), None on a real board:
+        an emulated run's timings are qemu's, shown as such and never guarded or exported."""
+        return next((e.emulated for e in (self.tuned, self.untuned) if e is not None and e.emulated), None)
+
+    @property
     def of_variant(self) -> str:
         """The run's variant: recorded in it since the variant existed, else from its config."""
         return self.variant or variant.of(self.config)
@@ -123,6 +130,7 @@ class RunResult(BaseModel):
             f"{self.model}: untuned {self.untuned.mean_ms:.3f} ms, tuned {self.tuned.mean_ms:.3f} ms "
             f"({self.speedup:.2f}x), output check {'passed' if self.tuned.correct else 'FAILED'}; "
             "tables in the run's artifacts"
+            + (f"; EMULATED board ({self.emulated}): the times are qemu's" if self.emulated else "")
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -39,7 +39,23 @@ def _ms(v: float | None, digits: int = 4) -> str:
     return f"{v:.{digits}f}" if v else "-"
 
 
+def latency_header(result: RunResult) -> list[str]:
+    """LATENCY_HEADER, and a column "emulated" for a run on an emulated board."""
+    return LATENCY_HEADER + (["emulated"] if result.emulated else [])
+
+
+def emulated_line(result: RunResult) -> str | None:
+    """What an emulated run's timings are (every table of such a run shows qemu's times)."""
+    if not result.emulated:
+        return None
+    return (
+        f"EMULATED: the board was {result.emulated}; every time above is qemu's, not the board's CPU's. "
+        "What it shows: the build loads and computes the right output on the board's TVM runtime."
+    )
+
+
 def latency_rows(result: RunResult) -> list[list[str]]:
+    """The latency table's rows (`latency_header`'s columns)."""
     rows = []
     untuned_ms = result.untuned.mean_ms
     for label, e in (("untuned", result.untuned), ("tuned", result.tuned)):
@@ -52,6 +68,7 @@ def latency_rows(result: RunResult) -> list[list[str]]:
                 f"{untuned_ms / e.mean_ms:.2f}x",
                 "yes" if e.correct else f"NO (max err {e.max_abs_err:.2e})",
                 str(e.threads or "-"),
+                *([e.emulated or "-"] if result.emulated else []),
             ]
         )
     b = result.baseline or {}
@@ -71,6 +88,7 @@ def latency_rows(result: RunResult) -> list[list[str]]:
                 f"{untuned_ms / row['ort_ms']:.2f}x",
                 ok,
                 str(b.get("threads") or "-"),
+                *(["no (this machine)"] if result.emulated else []),
             ]
         )
     return rows
@@ -159,7 +177,7 @@ def render(result: RunResult) -> str:
     console = Console(file=io.StringIO(), record=True, width=140, force_terminal=False)
     title = f"{result.model} on {result.board_key} ({result.target}), run {result.run_id}"
     for table_title, header, rows in (
-        (title, LATENCY_HEADER, latency_rows(result)),
+        (title, latency_header(result), latency_rows(result)),
         ("tuning tasks", TASK_HEADER, task_rows(result)),
     ):
         t = Table(title=table_title)
@@ -176,8 +194,8 @@ def render(result: RunResult) -> str:
         for r in vta_rows(v):
             vt.add_row(*r)
         console.print(vt)
-    line = baseline_line(result)
-    if line:
-        console.print(line)
+    for line in (baseline_line(result), emulated_line(result)):
+        if line:
+            console.print(line)
     console.print(f"speed-up {result.speedup:.2f}x, run took {result.seconds:.0f} s")
     return console.export_text()

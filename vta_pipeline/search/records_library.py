@@ -221,6 +221,7 @@ def export(
     default) and `source_commit` are the provenance of the new rows. Returns a summary."""
     f = pc.field("target_id") == target.id
     f = f & pc.field("record").is_valid() & pc.field("latency_ms").is_valid()
+    f = f & history.not_emulated()  # an emulated board's timings are qemu's, not its CPU's
     t = history.read(
         store_root,
         history.MEASUREMENTS,
@@ -230,7 +231,8 @@ def export(
     if t.num_rows == 0:
         raise LibraryError(
             f"the store {store_root} has no valid measurements on target {target.name!r} "
-            f"(id {target.id}): tune with that target first, or pass the --target it was tuned with"
+            f"(id {target.id}) from a real board (an emulated board's never enter the library): tune with that "
+            "target first, or pass the --target it was tuned with"
         )
     alias = workload_keys.aliases(store_root)
     info = cpu_info or machine.cpu()

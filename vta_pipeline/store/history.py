@@ -64,6 +64,7 @@ MEASUREMENT_SCHEMA = pa.schema(
         ("threads", pa.int32()),  # threads the board ran the candidate with (as it reported them)
         ("board", pa.string()),  # the board(s) under the key that measured it (boards.describe_boards)
         ("tvm_version", pa.string()),  # the TVM they ran; both null in rows before them or from stock servers
+        ("emulated", pa.bool_()),  # measured on an emulated board (boards.emulator): qemu's time; null before it
     ]
 )
 
@@ -91,6 +92,7 @@ EVALUATION_SCHEMA = pa.schema(
         ("variant", pa.string()),  # variant.of the run's config (fp32 / int8, pack): null in rows before it
         ("board", pa.string()),  # the board that ran the network (its host name)
         ("tvm_version", pa.string()),  # the TVM it ran
+        ("emulated", pa.bool_()),  # the board was emulated (boards.emulator): qemu's time; null in rows before it
     ]
 )
 
@@ -250,6 +252,7 @@ def measurement_rows(run: dict[str, Any], tune_dir: Path) -> list[dict[str, Any]
                 "threads": t.get("threads"),
                 "board": t.get("board"),
                 "tvm_version": t.get("tvm"),
+                "emulated": bool(run.get("emulated")) or "(emulated " in (t.get("board") or ""),
             }
         )
     return rows
@@ -284,6 +287,7 @@ def evaluation_rows(result: Any) -> list[dict[str, Any]]:
                 "variant": result.of_variant,
                 "board": e.board_name,
                 "tvm_version": e.tvm,
+                "emulated": bool(e.emulated),
             }
         )
     return rows
@@ -296,10 +300,15 @@ def record_measurements(store_root: Path, run: dict[str, Any], tune_dirs: Iterab
     return _append(store_root, MEASUREMENTS, MEASUREMENT_SCHEMA, "measurement_id", m)
 
 
+def not_emulated() -> ds.Expression:
+    """Rows measured on real boards (and rows from before the column, all of which were)."""
+    return pc.field("emulated").is_null() | (pc.field("emulated") == False)  # noqa: E712 - an Arrow expression
+
+
 def record_run(store_root: Path, result: Any, tune_dirs: Iterable[Path]) -> dict[str, int]:
     """Append a finished run's (`report.RunResult`) measurements and evaluations; returns the rows added."""
     return {
-        MEASUREMENTS: record_measurements(store_root, result.to_json(), tune_dirs),
+        MEASUREMENTS: record_measurements(store_root, dict(result.to_json(), emulated=result.emulated), tune_dirs),
         EVALUATIONS: _append(store_root, EVALUATIONS, EVALUATION_SCHEMA, "evaluation_id", evaluation_rows(result)),
     }
 

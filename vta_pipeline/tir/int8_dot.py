@@ -18,6 +18,9 @@ Three implementations, picked by what the target's CPU has:
 - `avx512` (skylake-avx512, 16 lanes): `vpmaddubsw` + `vpmaddwd` on 512-bit registers.
 - `avx2` (Haswell, Zen; and the 8-lane form on AVX-512 CPUs without VNNI): the same pair on
   256-bit registers, one per 8 lanes.
+- on aarch64, `sdot` (ARMv8.2's dot product: Cortex-A76 and later) or, on ARMv8.0 cores
+  such as RK3399's Cortex-A72, NEON's `smull` + `saddlp` + `addp`: 4 lanes per 128-bit
+  register, any of 16, 8 or 4 lanes (`_arm_step`).
 `vpmaddubsw` adds two uint8 x int8 products into an int16 with saturation, so the AVX2
 and AVX-512 forms are exact only while |a0*b0 + a1*b1| <= 32767. The pack layout feeds
 them activations in [0, 127] (non-negative int8 values, the requantize clamp keeps
@@ -71,9 +74,21 @@ AVX512 = intrinsic_name("avx512")
 AVX2 = intrinsic_name("avx2")
 VNNI_8 = intrinsic_name("vnni", NARROW_LANES)
 AVX2_8 = intrinsic_name("avx2", NARROW_LANES)
+NEON_8 = intrinsic_name("neon", NARROW_LANES)
+SDOT_8 = intrinsic_name("sdot", NARROW_LANES)
 DEPTHWISE_VNNI = "vta_pipeline.depthwise_dot_16x4_vnni"
-# (lanes, isa) pairs registered: 16 lanes on each ISA, 8 lanes on 256-bit registers
-_FORMS = ((LANES, "vnni"), (LANES, "avx512"), (LANES, "avx2"), (NARROW_LANES, "vnni"), (NARROW_LANES, "avx2"))
+ARM_ISAS = ("sdot", "neon")
+ARM_STEP = 4  # int32 lanes of one NEON register: ARM's blocks of 4 channels (the layout's narrow blocks)
+# (lanes, isa) pairs registered: 16 lanes on each x86 ISA, 8 lanes on 256-bit registers; ARM's
+# 128-bit registers take 4 lanes a step, so both lane counts on both of its forms
+_FORMS = (
+    (LANES, "vnni"),
+    (LANES, "avx512"),
+    (LANES, "avx2"),
+    (NARROW_LANES, "vnni"),
+    (NARROW_LANES, "avx2"),
+    *((lanes, isa) for isa in ARM_ISAS for lanes in (LANES, NARROW_LANES, ARM_STEP)),
+)
 
 _registered = False
 
@@ -92,6 +107,36 @@ def register() -> None:
             )
     TensorIntrin.register(DEPTHWISE_VNNI, *_depthwise(), override=True)
     _registered = True
+
+
+def _arm_step(a: Any, b: Any, acc: Any, isa: str) -> Any:
+    """4 lanes on one 128-bit register. Both forms multiply signed bytes: the data's (uint8
+    values in [0, 127], or int8) read as int8 are the same numbers, so one form serves both.
+    `sdot` (ARMv8.2's dot product): one instruction. `neon` (ARMv8.0, RK3399's Cortex-A72):
+    `smull` of each half into int16 products (|a * b| <= 128 * 127 fits), `saddlp` adds
+    neighbouring pairs into int32, `addp` the remaining pairs: exact for every int8 input."""
+    from tvm.script import tirx as T
+
+    if isa == "sdot":
+        return T.call_llvm_pure_intrin(
+            T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.sdot.v4i32.v16i8"), acc, a, b, dtype="int32x4"
+        )
+    a8 = T.vectorlow(a, dtype="int8x8")  # the 4 bytes twice: both halves of `a` are alike
+
+    def half(bh: Any) -> Any:
+        products = T.call_llvm_pure_intrin(
+            T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.smull.v8i16"), a8, bh, dtype="int16x8"
+        )
+        return T.call_llvm_pure_intrin(
+            T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.saddlp.v4i32.v8i16"), products, dtype="int32x4"
+        )
+
+    return acc + T.call_llvm_pure_intrin(
+        T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.addp.v4i32"),
+        half(T.vectorlow(b, dtype="int8x8")),
+        half(T.vectorhigh(b, dtype="int8x8")),
+        dtype="int32x4",
+    )
 
 
 def _depthwise() -> tuple[Any, Any]:
@@ -176,7 +221,7 @@ def _impl(lanes: int, isa: str, signed: bool) -> Any:
     from tvm.script import tirx as T
 
     data = "int8" if signed else "uint8"
-    step = 16 if isa == "avx512" or (isa == "vnni" and lanes == LANES) else 8
+    step = ARM_STEP if isa in ARM_ISAS else 16 if isa == "avx512" or (isa == "vnni" and lanes == LANES) else 8
     steps = lanes // step
 
     @T.prim_func(s_tir=True)
@@ -206,6 +251,8 @@ def _step(A: Any, B: Any, C: Any, lo: Any, step: int, isa: str, signed: bool) ->
         T.broadcast(T.reinterpret(A.vload([0], f"{A.dtype}x4"), dtype="int32"), step), dtype=f"int8x{nbytes}"
     )
     b = B.vload([lo, 0], dtype=f"int8x{nbytes}")
+    if isa in ARM_ISAS:
+        return _arm_step(a, b, C.vload([lo], dtype="int32x4"), isa)
     if signed:  # |a| * (sign(a) * b)
         if bits == 256:
             psign = T.llvm_lookup_intrinsic_id("llvm.x86.avx2.psign.b")
@@ -236,19 +283,23 @@ def _step(A: Any, B: Any, C: Any, lo: Any, step: int, isa: str, signed: bool) ->
 
 
 def intrinsic_for(target: Any, lanes: int = LANES, signed: bool = False) -> str | None:
-    """The dot-product intrinsic of `lanes` output lanes (16, or 8) this target's CPU runs, for
-    uint8 data (int8 if `signed`), or None (not x86, no AVX2, or another lane count)."""
-    if lanes not in (LANES, NARROW_LANES):
-        return None
+    """The dot-product intrinsic of `lanes` output lanes (16, or 8; on aarch64 also 4) this
+    target's CPU runs, for uint8 data (int8 if `signed`), or None (neither x86 nor aarch64, no
+    AVX2, or another lane count)."""
     from tvm.target import codegen
 
     if target.kind.name != "llvm":
         return None
     triple = str(target.attrs.get("mtriple", "") or "")
-    if triple and not triple.startswith(("x86_64", "i686", "i386")):
+    arm = triple.startswith("aarch64")
+    if lanes not in ((LANES, NARROW_LANES, ARM_STEP) if arm else (LANES, NARROW_LANES)):
+        return None
+    if triple and not arm and not triple.startswith(("x86_64", "i686", "i386")):
         return None
     try:
         has = lambda feature: bool(codegen.target_has_features([feature], target))  # noqa: E731
+        if arm:  # ARMv8.2's dot product where the CPU has it, else NEON's multiply and pairwise adds
+            return intrinsic_name("sdot", lanes, signed) if has("dotprod") else intrinsic_name("neon", lanes, signed)
         if has("avx512vnni") and (lanes == LANES or has("avx512vl")):
             return intrinsic_name("vnni", lanes, signed)
         if has("avx512bw") and lanes == LANES:
@@ -282,7 +333,7 @@ def space_generator(target: Any, workload: Any, failures: TensorizeFailures | No
     before the plain `MultiLevelTiling` (the block a rule matches first is tiled by it), and
     `RewriteTensorize` among the postprocessors, as its x86 VNNI defaults do."""
     intrin = intrinsic_for(target)
-    if intrin is None or not _multiplies_uint8(workload):
+    if intrin is None or intrin.endswith(ARM_ISAS) or not _multiplies_uint8(workload):
         return "post-order-apply"
     register()
     from tvm.s_tir import meta_schedule as ms
