@@ -118,3 +118,29 @@ def train_small_cnn(seconds_budget_steps: int = 300, seed: int = 0) -> tuple[nn.
         loss.backward()
         opt.step()
     return model.eval(), train, test
+
+
+def dot_kernel(lanes: int, signed: bool, spec) -> tuple[str, object]:
+    """A 32 x 64 by 64 x `lanes` int8 matrix product, its reduction tensorized with the
+    target's dot product over `lanes` lanes (uint8 data, or int8 if `signed`), compiled."""
+    from tvm import te
+
+    from vta_pipeline.tir import int8_dot
+
+    int8_dot.register()
+    a = te.placeholder((32, 64), "int8" if signed else "uint8", name="a")
+    b = te.placeholder((16, lanes, 4), "int8", name="b")  # the packed weights' 4i innermost
+    k = te.reduce_axis((0, 64), name="k")
+    c = te.compute(
+        (32, lanes),
+        lambda n, i: te.sum(a[n, k].astype("int32") * b[k // 4, i, k % 4].astype("int32"), axis=k),
+        name="c",
+    )
+    sch = tvm.s_tir.Schedule(te.create_prim_func([a, b, c]))
+    n, i, kk = sch.get_loops(sch.get_sblock("c"))
+    k_o, k_i = sch.split(kk, [None, 4])
+    sch.reorder(n, k_o, i, k_i)
+    sch.decompose_reduction(sch.get_sblock("c"), k_o)
+    name = int8_dot.intrinsic_for(tvm.target.Target(spec), lanes, signed)
+    sch.tensorize(i, name)
+    return name, tvm.compile(sch.mod, target=tvm.target.Target(spec))

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
-from int8_nets import Blocks, randomize, to_relax
+from int8_nets import Blocks, dot_kernel, randomize, to_relax
 from torch import nn
 from tvm import relax
 from tvm.s_tir import meta_schedule as ms
@@ -185,7 +185,9 @@ def test_x86_layout_needs_a_channel_block_of_fours(blocks):
         ({"kind": "llvm", "mcpu": "skylake-avx512"}, int8_dot.AVX512),
         (CASCADELAKE, int8_dot.VNNI),
         ({"kind": "llvm", "mcpu": "sapphirerapids"}, int8_dot.VNNI),
-        ({"kind": "llvm", "mcpu": "cortex-a72", "mtriple": "aarch64-linux-gnu"}, None),
+        ({"kind": "llvm", "mcpu": "cortex-a72", "mtriple": "aarch64-linux-gnu"}, int8_dot.intrinsic_name("neon")),
+        ({"kind": "llvm", "mcpu": "cortex-a76", "mtriple": "aarch64-linux-gnu"}, int8_dot.intrinsic_name("sdot")),
+        ({"kind": "llvm", "mcpu": "cortex-a9", "mtriple": "armv7a-linux-gnueabihf"}, None),
         ({"kind": "llvm", "mcpu": "nehalem"}, None),  # SSE only: the default rules
         ({"kind": "cuda", "arch": "sm_80"}, None),
     ],
@@ -194,29 +196,6 @@ def test_the_intrinsic_follows_the_cpu(spec, expected):
     assert int8_dot.intrinsic_for(tvm.target.Target(spec)) == expected
     signed = int8_dot.intrinsic_for(tvm.target.Target(spec), signed=True)  # int8 data: the same ISA's signed form
     assert signed == (expected and expected.replace("16x4_", "16x4_s8_"))
-
-
-def _dot_kernel(lanes: int, signed: bool, spec) -> tuple[str, object]:
-    """A 32 x 64 by 64 x `lanes` int8 matrix product, its reduction tensorized with the
-    target's dot product over `lanes` lanes (uint8 data, or int8 if `signed`), compiled."""
-    from tvm import te
-
-    a = te.placeholder((32, 64), "int8" if signed else "uint8", name="a")
-    b = te.placeholder((16, lanes, 4), "int8", name="b")  # the packed weights' 4i innermost
-    k = te.reduce_axis((0, 64), name="k")
-    c = te.compute(
-        (32, lanes),
-        lambda n, i: te.sum(a[n, k].astype("int32") * b[k // 4, i, k % 4].astype("int32"), axis=k),
-        name="c",
-    )
-    sch = tvm.s_tir.Schedule(te.create_prim_func([a, b, c]))
-    n, i, kk = sch.get_loops(sch.get_sblock("c"))
-    k_o, k_i = sch.split(kk, [None, 4])
-    sch.reorder(n, k_o, i, k_i)
-    sch.decompose_reduction(sch.get_sblock("c"), k_o)
-    name = int8_dot.intrinsic_for(tvm.target.Target(spec), lanes, signed)
-    sch.tensorize(i, name)
-    return name, tvm.compile(sch.mod, target=tvm.target.Target(spec))
 
 
 @pytest.mark.parametrize("lanes", [16, 8])
@@ -236,7 +215,7 @@ def test_every_dot_product_form_is_exact_at_its_operand_extremes(lanes, signed):
     b[:, 2, ::2], b[:, 2, 1::2] = -127, 127
     ref = a.astype(np.int64) @ b.transpose(0, 2, 1).reshape(64, lanes).astype(np.int64)
     for spec in (HERE, {"kind": "llvm", "mcpu": "skylake-avx512"}, CASCADELAKE):
-        name, lib = _dot_kernel(lanes, signed, spec)
+        name, lib = dot_kernel(lanes, signed, spec)
         asm = lib.mod.inspect_source("asm") if hasattr(lib, "mod") else lib.inspect_source("asm")
         assert ("vpdpbusd" if "vnni" in name else "vpmaddubsw") in asm
         assert ("_s8_" in name) == signed and (not signed or "vpsignb" in asm or "vpabsb" in asm)
