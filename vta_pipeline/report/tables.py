@@ -50,7 +50,8 @@ def emulated_line(result: RunResult) -> str | None:
         return None
     return (
         f"EMULATED: the board was {result.emulated}; every time above is qemu's, not the board's CPU's. "
-        "What it shows: the build loads and computes the right output on the board's TVM runtime."
+        "What it shows: the build loads and runs on the board's TVM runtime, and whether its output is right "
+        '("output correct").'
     )
 
 
