@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -111,6 +112,24 @@ def test_arms_int8_dot_products_are_exact_on_the_emulated_core(emulated_board, t
 
 
 @needs_emulator
+def test_the_emulated_core_is_the_targets_so_an_instruction_it_lacks_faults_as_on_the_board(tmp_path):
+    """rk3399-cpu's board emulates a Cortex-A72 (ARMv8.0): ARMv8.2's sdot is an illegal
+    instruction there, as on an RK3399, and runs on rk3588-cpu's Cortex-A76."""
+    src = tmp_path / "sdot.c"
+    src.write_text('int main(void) { __asm__ volatile("sdot v0.4s, v1.16b, v2.16b"); return 0; }\n')
+    exe = tmp_path / "sdot"
+    subprocess.run(
+        ["aarch64-linux-gnu-gcc", "-static", "-march=armv8.2-a+dotprod", str(src), "-o", str(exe)], check=True
+    )
+    codes = {}
+    for preset in ("rk3399-cpu", "rk3588-cpu"):
+        em = Emulator.for_target(resolve_target(preset))
+        env = em.env(dict(os.environ))  # what the board's processes run under
+        codes[em.cpu] = subprocess.run([em.arch.qemu, str(exe)], env=env, capture_output=True).returncode
+    assert codes["cortex-a72"] in (-signal.SIGILL, 128 + signal.SIGILL) and codes["cortex-a76"] == 0
+
+
+@needs_emulator
 def test_an_emulated_board_never_outlives_its_owner(tmp_path):
     """SIGKILL the process that started an emulated board: its tracker, its qemu servers and
     the workers they started are gone within seconds."""
@@ -162,9 +181,15 @@ def test_emulate_is_refused_before_any_work_where_it_cannot_run(tmp_path, monkey
         steps.check_local_board(build_config(None, {"target": "rk3399-cpu"}), resolve_target("rk3399-cpu"))
 
 
-def test_an_emulated_run_takes_a_key_of_its_own():
-    assert build_config(None, {"target": "rk3399-cpu", "board.emulate": True}).board.key == "rk3399-emulated"
-    assert build_config(None, {"target": "rk3399-cpu"}).board.key == "rk3399"
+def test_an_emulated_run_takes_a_key_of_its_own_and_a_longer_measurement_timeout():
+    emulated = build_config(None, {"target": "rk3399-cpu", "board.emulate": True})
+    real = build_config(None, {"target": "rk3399-cpu"})
+    assert (emulated.board.key, real.board.key) == ("rk3399-emulated", "rk3399")
+    assert emulated.measure.timeout_s == 10 * real.measure.timeout_s  # qemu is slower than the board
+    assert (
+        build_config(None, {"target": "rk3399-cpu", "board.emulate": True, "measure.timeout_s": 5}).measure.timeout_s
+        == 5
+    )
     given = build_config(None, {"target": "rk3399-cpu", "board.emulate": True, "board.key": "lab"})
     assert given.board.key == "lab"
 

@@ -481,11 +481,18 @@ def build_config(file_values: dict[str, Any] | None, overrides: dict[str, Any], 
         raise ConfigError("invalid configuration" + where + ":\n" + "\n".join(lines)) from None
 
 
+EMULATED_SLOWDOWN = 10
+"""How much longer a measurement may take on an emulated board than the preset allows a real one:
+qemu translates every ARM instruction into several of the host's, so a candidate that fits a
+board's timeout can run past it emulated and be recorded as failed (docs/boards-and-targets.md)."""
+
+
 def _apply_preset_defaults(data: dict[str, Any]) -> None:
     """The target preset's board key and config defaults (measure, quantize), for what was not given.
 
     An emulated local board (`board.emulate`) takes the preset's key + "-emulated": its
-    records and timings are qemu's and never share a key (a work dir, a history) with real boards'."""
+    records and timings are qemu's and never share a key (a work dir, a history) with real boards'.
+    Its measurement timeout is the preset's times EMULATED_SLOWDOWN."""
     from .targets import preset_defaults
 
     spec = data.get("target", "host")
@@ -495,8 +502,12 @@ def _apply_preset_defaults(data: dict[str, Any]) -> None:
         key, sections = preset_defaults(spec)
     except ConfigError:
         return  # resolve_target reports an unknown preset with the full list
+    board = data.get("board")
+    emulated = isinstance(board, dict) and bool(board.get("emulate"))
     if key is not None and isinstance(data.setdefault("board", {}), dict):
-        data["board"].setdefault("key", key + ("-emulated" if data["board"].get("emulate") else ""))
+        data["board"].setdefault("key", key + ("-emulated" if emulated else ""))
+    if emulated and "timeout_s" in sections.get("measure", {}):
+        sections["measure"]["timeout_s"] = int(sections["measure"]["timeout_s"] * EMULATED_SLOWDOWN)
     for section, defaults in sections.items():
         if isinstance(data.setdefault(section, {}), dict):
             for k, v in defaults.items():
