@@ -196,35 +196,43 @@ def test_an_emulated_run_takes_a_key_of_its_own_and_a_longer_measurement_timeout
 
 @pytest.mark.slow
 @needs_emulator
-@pytest.mark.parametrize("int8", [False, True], ids=["fp32", "int8"])
-def test_the_whole_dag_runs_on_an_emulated_rk3399_and_its_times_stay_marked(prefect_harness, tmp_path, int8):
+@pytest.mark.parametrize("int8", [False, True], ids=["fp32-through-a-tracker", "int8-local-emulated-board"])
+def test_the_whole_dag_runs_on_an_emulated_rk3399_and_its_times_stay_marked(
+    prefect_harness, emulated_board, tmp_path, int8
+):
     """micronet through fetch, (quantize,) extract, tune, pick best, cross-build, upload and
-    evaluate on an emulated RK3399 (qemu's cortex-a72): the output right (int8: bit for bit,
-    the convs tensorized with NEON's dot product), every time marked emulated, none of them
-    in the records library or the regression guard."""
+    evaluate on an emulated aarch64 board: fp32 on one behind a tracker (the run learns it is
+    emulated from the board itself), int8 on the local board `--emulate` starts (qemu's
+    cortex-a72, RK3399's core). The output right (int8: bit for bit, the convs tensorized
+    with NEON's dot product), every time marked emulated, none of them in the records
+    library or the regression guard."""
     from vta_pipeline.flows.tune_network import tune_network
 
     store = tmp_path / "store"
+    where = (
+        {"board.emulate": True} if int8 else {"board.tracker": emulated_board.tracker, "board.key": emulated_board.key}
+    )
     cfg = build_config(
         None,
         {
             "model.source": "builtin",
             "model.name": "micronet",
             "target": "rk3399-cpu",
-            "board.emulate": True,
             "quantize.enabled": int8,
             "tune.trials_per_task": 2,
             "tune.task_filter": "conv2d",
             "evaluate.repeat": 3,
             "store": str(store),
+            **where,
         },
     )
     result = RunResult.model_validate(tune_network(cfg.model_dump(mode="json")))
-    assert result.board_key == "rk3399-emulated"
+    assert result.board_key == ("rk3399-emulated" if int8 else emulated_board.key)
+    cpu = "cortex-a72" if int8 else "cortex-a76"
     assert result.tuned.correct and result.untuned.correct
     if int8:
         assert result.tuned.max_abs_err == 0.0  # the board's integers are the emulation's
-    assert result.emulated.startswith("qemu-aarch64 ") and result.emulated.endswith("-cpu cortex-a72")
+    assert result.emulated.startswith("qemu-aarch64 ") and result.emulated.endswith(f"-cpu {cpu}")
     assert result.tuned.board_name.endswith("(emulated aarch64)")
     table = render(result)
     assert "EMULATED" in table and any("mean ms" in line and "emulated" in line for line in table.splitlines())
