@@ -39,11 +39,6 @@ class BoardSession:
     identities: list[dict[str, Any]] = field(default_factory=list)
     health_ms: float | None = None
 
-    @property
-    def emulated(self) -> str | None:
-        """What emulates the boards ("qemu-aarch64 7.2..."), where they are emulated."""
-        return describe_boards(self.identities).get("emulated")
-
     def board_spec(self, in_flight: int) -> dict[str, Any]:
         """Where one of `in_flight` concurrent tuning tasks measures (`boards.BoardSpec` as JSON):
         the boards shared out among the tasks in flight, and who they are."""
