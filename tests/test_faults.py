@@ -189,9 +189,10 @@ def test_the_only_board_frozen_mid_tuning_costs_one_timeout_then_every_task_stop
     assert all("stopped answering" in e for e in errors if "RPCRunner: Timeout" not in e)
     print(f"first task {first_s:.1f} s, its retry and the next task {later_s:.1f} s")
     # the retry's and the next task's candidates were each refused by the gate without waiting
-    # (before, each waited out a timeout: 4 of them in a row stopped a task)
+    # out a timeout (before, each did: 4 of them in a row stopped a task); a refusal asks the
+    # tracker once, which on 2 loaded cores took over a second in CI
     assert gate_calls and all(why and "stopped answering" in why for _, why in gate_calls), gate_calls
-    assert max(s for s, _ in gate_calls) < 1.0, gate_calls
+    assert max(s for s, _ in gate_calls) < FAST.timeout_s, gate_calls
 
 
 def test_a_board_frozen_during_the_evaluation_fails_it_within_its_deadline_with_what_to_do(tmp_path):
