@@ -41,24 +41,33 @@ def _board_pids(root_pids) -> list[int]:
     return out
 
 
-def test_a_board_dies_with_its_owner_when_the_owner_is_sigkilled(tmp_path):
-    """The owner's whole board (tracker, servers and the workers they forked) is gone within
-    seconds of a SIGKILL that gave the owner no chance to stop it."""
-    owner = subprocess.Popen(
+def start_owner(board: str) -> subprocess.Popen:
+    """A process that starts the LocalBoard `board` (the Python expression, with `LocalBoard`
+    and `Emulator` in scope), prints its processes' pids as a JSON line, and sleeps."""
+    return subprocess.Popen(
         [
             sys.executable,
             "-c",
             textwrap.dedent(f"""
-        import json, sys, time
+        import json, time
         from vta_pipeline.boards import LocalBoard
-        b = LocalBoard(key="orphan", num_servers=2, log_dir={str(tmp_path / "logs")!r},
-                       registry={str(tmp_path / "registry")!r}).start()
+        from vta_pipeline.boards.emulator import Emulator
+        b = ({board}).start()
         print(json.dumps([p.pid for p in b.procs]), flush=True)
         time.sleep(600)
         """),
         ],
         stdout=subprocess.PIPE,
         text=True,
+    )
+
+
+def test_a_board_dies_with_its_owner_when_the_owner_is_sigkilled(tmp_path):
+    """The owner's whole board (tracker, servers and the workers they forked) is gone within
+    seconds of a SIGKILL that gave the owner no chance to stop it."""
+    owner = start_owner(
+        f"LocalBoard(key='orphan', num_servers=2, log_dir={str(tmp_path / 'logs')!r}, "
+        f"registry={str(tmp_path / 'registry')!r})"
     )
     try:
         pids = _board_pids(json.loads(owner.stdout.readline()))

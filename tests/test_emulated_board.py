@@ -15,15 +15,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import psutil
 import pytest
 import tvm
 from int8_nets import dot_kernel
-from test_boards import _board_pids, _gone
+from test_boards import _board_pids, _gone, start_owner
 
 from vta_pipeline import steps
 from vta_pipeline.boards import LocalBoard, remote_identity
@@ -133,22 +131,9 @@ def test_the_emulated_core_is_the_targets_so_an_instruction_it_lacks_faults_as_o
 def test_an_emulated_board_never_outlives_its_owner(tmp_path):
     """SIGKILL the process that started an emulated board: its tracker, its qemu servers and
     the workers they started are gone within seconds."""
-    owner = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            textwrap.dedent(f"""
-        import json, time
-        from vta_pipeline.boards import LocalBoard
-        from vta_pipeline.boards.emulator import Emulator
-        b = LocalBoard(key="emu-orphan", log_dir={str(tmp_path / "logs")!r}, registry={str(tmp_path / "reg")!r},
-                       server_module="vta_pipeline.boards.server", emulator=Emulator.of("aarch64")).start()
-        print(json.dumps([p.pid for p in b.procs]), flush=True)
-        time.sleep(600)
-        """),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
+    owner = start_owner(
+        f"LocalBoard(key='emu-orphan', log_dir={str(tmp_path / 'logs')!r}, registry={str(tmp_path / 'reg')!r}, "
+        "server_module='vta_pipeline.boards.server', emulator=Emulator.of('aarch64'))"
     )
     try:
         pids = _board_pids(json.loads(owner.stdout.readline()))
