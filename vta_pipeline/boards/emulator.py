@@ -26,6 +26,7 @@ check that TVM imports. `-0` makes a wrapper script the emulated Python's argv[0
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -138,13 +139,25 @@ def _host_versions() -> dict[str, str]:
     return out
 
 
-def qemu_cpus(qemu: str) -> list[str]:
-    """The CPU models `qemu` emulates (`-cpu help`), [] where it cannot say."""
+@functools.lru_cache(maxsize=None)
+def qemu_cpus(qemu: str) -> tuple[str, ...]:
+    """The CPU models `qemu` emulates (`-cpu help`), () where it cannot say; asked once a process."""
     try:
         out = subprocess.run([qemu, "-cpu", "help"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
-        return []
-    return [w for line in out.splitlines()[1:] for w in line.split()[:1]]
+        return ()
+    return tuple(w for line in out.splitlines()[1:] for w in line.split()[:1])
+
+
+@functools.lru_cache(maxsize=None)
+def qemu_version(qemu: str) -> str:
+    """ "qemu-aarch64 7.2.22": what a board started by `qemu` says emulates it; asked once a process."""
+    try:
+        out = subprocess.run([qemu, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return qemu
+    words = (out.splitlines()[0] if out else "").split()  # "qemu-aarch64 version 7.2.22 (Debian ...)"
+    return f"{qemu} {words[2]}" if len(words) > 2 else qemu
 
 
 @dataclass(frozen=True)
@@ -220,12 +233,7 @@ class Emulator:
             raise ConfigError(p)
 
     def qemu_version(self) -> str:
-        try:
-            out = subprocess.run([self.arch.qemu, "--version"], capture_output=True, text=True, timeout=30).stdout
-        except (OSError, subprocess.SubprocessError):
-            return self.arch.qemu
-        words = (out.splitlines()[0] if out else "").split()  # "qemu-aarch64 version 7.2.22 (Debian ...)"
-        return f"{self.arch.qemu} {words[2]}" if len(words) > 2 else self.arch.qemu
+        return qemu_version(self.arch.qemu)
 
     def env(self, base: dict[str, str]) -> dict[str, str]:
         """The environment of a board process: the emulated Python finds the aarch64 site
